@@ -1,0 +1,42 @@
+package retryhttp
+
+import (
+	"errors"
+	"net/http"
+	"net/url"
+)
+
+// Logs and errors name a request by method, scheme, host and path only:
+// queries carry tokens, and user info carries passwords.
+
+func methodOf(req *http.Request) string {
+	if req.Method == "" {
+		return http.MethodGet
+	}
+	return req.Method
+}
+
+func pathOf(req *http.Request) string {
+	if req.URL == nil {
+		return ""
+	}
+	return req.URL.EscapedPath()
+}
+
+func redactedURL(req *http.Request) string {
+	if req.URL == nil {
+		return ""
+	}
+	u := url.URL{Scheme: req.URL.Scheme, Host: req.URL.Host, Path: req.URL.Path, RawPath: req.URL.RawPath}
+	return u.String()
+}
+
+// logError is an error's text without the URL a *url.Error adds, which
+// may carry a query.
+func logError(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err.Error()
+	}
+	return err.Error()
+}

@@ -1,0 +1,200 @@
+package retryhttp
+
+import (
+	"log/slog"
+	"math"
+	"net/http"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// Defaults. Each has a reason in the README's defaults table.
+const (
+	// DefaultMaxAttempts is the number of tries a request gets, the first included.
+	DefaultMaxAttempts = 3
+	// DefaultBackoffBase is the first backoff window: the first retry waits
+	// uniform(0, 500ms) when the server names no wait.
+	DefaultBackoffBase = 500 * time.Millisecond
+	// DefaultBackoffMax caps the backoff window.
+	DefaultBackoffMax = 30 * time.Second
+	// DefaultRetryAfterFloor is the least a server-named wait is taken to be,
+	// so that "Retry-After: 0" cannot turn a retry loop into a flood.
+	DefaultRetryAfterFloor = time.Second
+	// DefaultRetryAfterMax is the longest server-named wait the Transport
+	// sleeps through; a longer one makes it give up at once and park the host.
+	DefaultRetryAfterMax = 60 * time.Second
+	// MaxParking bounds how long one answer can park a host, however far
+	// away the moment it names: a mistaken "Retry-After: 86400" takes a host
+	// off line for an hour at most.
+	MaxParking = time.Hour
+)
+
+// defaultStatuses are the statuses retried unless WithRetryStatuses says otherwise.
+var defaultStatuses = []int{
+	http.StatusRequestTimeout,      // 408
+	http.StatusTooManyRequests,     // 429
+	http.StatusInternalServerError, // 500
+	http.StatusBadGateway,          // 502
+	http.StatusServiceUnavailable,  // 503
+	http.StatusGatewayTimeout,      // 504
+}
+
+// config is what the options set; New turns it into a Transport.
+type config struct {
+	base                    http.RoundTripper
+	maxAttempts             int
+	backoffBase, backoffMax time.Duration
+	raFloor, raMax          time.Duration
+	statuses                *[]int
+	pace                    Pace
+	hostPace                map[string]Pace
+	limiter                 Limiter
+	budget                  *Budget
+	budgetSet               bool
+	autoKey                 bool
+	onRetry                 func(RetryEvent)
+	logger                  *slog.Logger
+	rand                    func() float64
+	clock                   Clock
+}
+
+// Option configures a Transport. Options are applied in order by New; the
+// Transport cannot be changed afterwards.
+type Option func(*config)
+
+// WithBase sets the RoundTripper that makes each attempt. nil means the
+// default, a pooled transport from cleanhttp.DefaultPooledTransport (no
+// shared global state, keep-alives on, sane timeouts).
+func WithBase(rt http.RoundTripper) Option {
+	return func(c *config) { c.base = rt }
+}
+
+// WithMaxAttempts sets how many tries a request gets in all, the first
+// included: 1 means no retries. n < 1 means the default, 3.
+func WithMaxAttempts(n int) Option {
+	return func(c *config) { c.maxAttempts = n }
+}
+
+// WithBackoff sets the full-jitter backoff used when the server names no
+// wait: the nth retry waits uniform(0, min(max, base*2^(n-1))). A base or max
+// of zero or less means the default (500 ms, 30 s); a max below base is
+// raised to base.
+func WithBackoff(base, max time.Duration) Option {
+	return func(c *config) { c.backoffBase, c.backoffMax = base, max }
+}
+
+// WithRetryAfterLimits bounds a wait named by a server (Retry-After or a
+// rate-limit reset). A shorter wait is lengthened to floor; a longer one than
+// max is not slept through: the Transport returns that response at once and
+// parks the host. Zero or less means the default (floor 1 s, max 60 s); a max
+// below floor is raised to floor.
+func WithRetryAfterLimits(floor, max time.Duration) Option {
+	return func(c *config) { c.raFloor, c.raMax = floor, max }
+}
+
+// WithRetryStatuses replaces the set of response statuses that are retried
+// (default 408, 429, 500, 502, 503, 504). With no codes, no status is
+// retried; codes outside 100 to 599 are ignored.
+func WithRetryStatuses(codes ...int) Option {
+	return func(c *config) {
+		s := append([]int(nil), codes...)
+		c.statuses = &s
+	}
+}
+
+// WithPace sets the pace for every host without a WithHostPace of its own:
+// at most r attempts a second on average and burst at once. Every attempt
+// spends a token, retries included. The default is no pace (rate.Inf). A
+// burst below 1 is taken as 1; an r that is zero, negative or NaN means no
+// pace, since a pace that never admits anything would hang every request.
+func WithPace(r rate.Limit, burst int) Option {
+	return func(c *config) { c.pace = newPace(r, burst) }
+}
+
+// WithHostPace sets the pace for one host, overriding WithPace. The host is
+// matched without case and without its scheme's default port, so
+// "API.example.com:443" and "api.example.com" are the same host for https.
+// Arguments are checked as in WithPace.
+func WithHostPace(host string, r rate.Limit, burst int) Option {
+	return func(c *config) {
+		if c.hostPace == nil {
+			c.hostPace = make(map[string]Pace)
+		}
+		c.hostPace[normalizeHostOption(host)] = newPace(r, burst)
+	}
+}
+
+// WithLimiter replaces the in-process pacer, which paces and parks hosts
+// inside this Transport only, with l: for example a redislimit.Limiter that
+// shares both across processes through Redis. The pace settings stay in
+// WithPace and WithHostPace; l enforces them. nil means the in-process pacer.
+func WithLimiter(l Limiter) Option {
+	return func(c *config) { c.limiter = l }
+}
+
+// WithBudget sets the retry budget, which can be shared by several
+// Transports. The default is a budget of the Transport's own,
+// NewBudget(0.1, 1); nil turns the budget off.
+func WithBudget(b *Budget) Option {
+	return func(c *config) { c.budget, c.budgetSet = b, true }
+}
+
+// WithAutoIdempotencyKey makes the Transport add an Idempotency-Key header,
+// a random UUID v4 from crypto/rand, to every POST and PATCH that carries
+// neither Idempotency-Key nor X-Idempotency-Key. The key is made once, before
+// the first try, and every retry sends the same one; the caller's request is
+// not touched. Such requests may then be retried like PUTs. Off by default:
+// the server must honour the key for this to be safe.
+func WithAutoIdempotencyKey() Option {
+	return func(c *config) { c.autoKey = true }
+}
+
+// WithOnRetry sets a hook called after every failed try that could have been
+// retried: before each retry, with the wait, and when a retry is refused,
+// with the reason in RetryEvent.Reason. It runs on the goroutine of the
+// request and must not block; nil means no hook.
+func WithOnRetry(f func(RetryEvent)) Option {
+	return func(c *config) { c.onRetry = f }
+}
+
+// WithLogger sets the logger that gets one line per retry and per refused
+// retry: method, host, path (never the query), attempt, status or error, and
+// the wait. Headers and bodies are never logged. nil, the default, logs
+// nothing.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger = l }
+}
+
+// WithRand sets the source of the backoff jitter: f returns a number in
+// [0, 1) and must be safe for concurrent use when the Transport is. Values
+// outside [0, 1) are clamped into it. nil means math/rand/v2.Float64.
+func WithRand(f func() float64) Option {
+	return func(c *config) { c.rand = f }
+}
+
+// WithClock sets the Clock for timestamps and waits. nil means the real
+// clock. Tests should prefer testing/synctest, which makes the real clock
+// virtual; this is for simulations such as examples/lab.
+func WithClock(clk Clock) Option {
+	return func(c *config) { c.clock = clk }
+}
+
+// maxPaceInterval bounds the time between two tokens so that interval ×
+// burst cannot overflow a Duration.
+const (
+	maxPaceInterval = time.Hour
+	maxPaceBurst    = 1_000_000
+)
+
+// newPace checks a pace; see WithPace for what each bad value becomes.
+func newPace(r rate.Limit, burst int) Pace {
+	if math.IsNaN(float64(r)) || r <= 0 || r == rate.Inf {
+		return Pace{Limit: rate.Inf}
+	}
+	if float64(r) < 1/maxPaceInterval.Seconds() {
+		r = rate.Limit(1 / maxPaceInterval.Seconds())
+	}
+	burst = min(max(burst, 1), maxPaceBurst)
+	return Pace{Limit: r, Burst: burst}
+}

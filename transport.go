@@ -1,0 +1,481 @@
+package retryhttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptrace"
+	"time"
+
+	"github.com/hashicorp/go-cleanhttp"
+	"golang.org/x/time/rate"
+)
+
+// Transport is an http.RoundTripper that paces, retries and parks. Make one
+// with New; it is safe for concurrent use and cannot be changed afterwards.
+type Transport struct {
+	base                    http.RoundTripper
+	maxAttempts             int
+	backoffBase, backoffMax time.Duration
+	raFloor, raMax          time.Duration
+	statuses                statusSet
+	pace                    Pace
+	hostPace                map[string]Pace
+	limiter                 Limiter
+	budget                  *Budget
+	autoKey                 bool
+	onRetry                 func(RetryEvent)
+	logger                  *slog.Logger
+	rand                    func() float64
+	clock                   Clock
+	// markNested is false when the base is a plain *http.Transport, which
+	// cannot lead to another retryhttp.Transport: the context mark that keeps
+	// nested Transports from retrying twice is then not needed.
+	markNested bool
+}
+
+// New returns a Transport configured by opts; without options it retries
+// idempotent requests up to 3 tries with full-jitter backoff, obeys
+// Retry-After between 1 s and 60 s, keeps to a budget of 10 % retries, and
+// paces nothing. New starts no goroutine.
+func New(opts ...Option) *Transport {
+	var c config
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	t := &Transport{
+		base:        c.base,
+		maxAttempts: c.maxAttempts,
+		backoffBase: c.backoffBase,
+		backoffMax:  c.backoffMax,
+		raFloor:     c.raFloor,
+		raMax:       c.raMax,
+		pace:        c.pace,
+		hostPace:    c.hostPace,
+		limiter:     c.limiter,
+		budget:      c.budget,
+		autoKey:     c.autoKey,
+		onRetry:     c.onRetry,
+		logger:      c.logger,
+		rand:        c.rand,
+		clock:       c.clock,
+	}
+	if t.base == nil {
+		t.base = cleanhttp.DefaultPooledTransport()
+	}
+	_, plain := t.base.(*http.Transport)
+	t.markNested = !plain
+	if t.maxAttempts < 1 {
+		t.maxAttempts = DefaultMaxAttempts
+	}
+	if t.backoffBase <= 0 {
+		t.backoffBase = DefaultBackoffBase
+	}
+	if t.backoffMax <= 0 {
+		t.backoffMax = DefaultBackoffMax
+	}
+	t.backoffMax = max(t.backoffMax, t.backoffBase)
+	if t.raFloor <= 0 {
+		t.raFloor = DefaultRetryAfterFloor
+	}
+	if t.raMax <= 0 {
+		t.raMax = DefaultRetryAfterMax
+	}
+	t.raMax = max(t.raMax, t.raFloor)
+	if c.statuses != nil {
+		t.statuses = newStatusSet(*c.statuses)
+	} else {
+		t.statuses = newStatusSet(defaultStatuses)
+	}
+	if t.pace == (Pace{}) {
+		t.pace = Pace{Limit: rate.Inf}
+	}
+	if t.limiter == nil {
+		t.limiter = newLocalLimiter()
+	}
+	if !c.budgetSet {
+		t.budget = NewBudget(0.1, 1)
+	}
+	if t.rand == nil {
+		t.rand = rand.Float64
+	}
+	if t.clock == nil {
+		t.clock = realClock{}
+	}
+	return t
+}
+
+// NewClient returns an http.Client whose Transport is New(opts...).
+func NewClient(opts ...Option) *http.Client {
+	return &http.Client{Transport: New(opts...)}
+}
+
+// CloseIdleConnections closes the idle connections of the base, if it has
+// a CloseIdleConnections method.
+func (t *Transport) CloseIdleConnections() {
+	type closeIdler interface{ CloseIdleConnections() }
+	if ci, ok := t.base.(closeIdler); ok {
+		ci.CloseIdleConnections()
+	}
+}
+
+// RetryEvent describes a failed try that could have been retried. OnRetry
+// gets one before every retry, and one when a retry is refused, with Reason
+// saying why.
+type RetryEvent struct {
+	Request *http.Request // the caller's request
+	Attempt int           // the try that just failed, 1 for the first
+	Delay   time.Duration // the wait before the next try; 0 when refused
+	Status  int           // the response's status; 0 when Err is set
+	Err     error         // the transport error; nil when Status is set
+	// Reason is empty when a retry follows. Otherwise it says why the
+	// failure was returned as it is: "out of attempts", "retry budget
+	// spent", "not idempotent", "body cannot be rewound (no GetBody)",
+	// "server wait beyond max" or "wait ends after deadline".
+	Reason string
+}
+
+// Reasons a retry is refused, as RetryEvent.Reason and the log say them.
+const (
+	reasonAttempts   = "out of attempts"
+	reasonBudget     = "retry budget spent"
+	reasonIdempotent = "not idempotent"
+	reasonRewind     = "body cannot be rewound (no GetBody)"
+	reasonServerWait = "server wait beyond max"
+	reasonDeadline   = "wait ends after deadline"
+	reasonGetBody    = "GetBody failed"
+)
+
+// RetryError is returned when the last try ended in an error. It says how
+// many tries were made over how long, and Unwraps to the last error, so
+// errors.Is(err, syscall.ECONNREFUSED) and the like still work.
+type RetryError struct {
+	Method   string
+	URL      string // without query or user info
+	Attempts int
+	Elapsed  time.Duration
+	Err      error
+}
+
+func (e *RetryError) Error() string {
+	tries := "attempts"
+	if e.Attempts == 1 {
+		tries = "attempt"
+	}
+	return fmt.Sprintf("%s %s: gave up after %d %s over %v: %v",
+		e.Method, e.URL, e.Attempts, tries, e.Elapsed.Round(time.Millisecond), e.Err)
+}
+
+// Unwrap returns the last try's error.
+func (e *RetryError) Unwrap() error { return e.Err }
+
+// nestedKey marks a request's context as already inside a retryhttp
+// Transport, so that Transports nested below it make one attempt each.
+type nestedKey struct{}
+
+// RoundTrip sends req, retrying as the Transport's rules allow, and returns
+// the last response untouched, or a *RetryError when the last try ended in
+// an error. It never modifies req.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Context().Value(nestedKey{}) != nil {
+		return t.roundTripOnce(req)
+	}
+	c := call{t: t, req: req, ctx: req.Context(), host: hostKey(req.URL), start: t.clock.Now()}
+	return c.run()
+}
+
+// roundTripOnce is the attempt of a Transport nested in another: it paces
+// and parks like any, and leaves the retries and the budget to the outer.
+func (t *Transport) roundTripOnce(req *http.Request) (*http.Response, error) {
+	host := hostKey(req.URL)
+	if err := t.admit(req.Context(), host); err != nil {
+		closeBody(req)
+		return nil, err
+	}
+	resp, err := t.base.RoundTrip(req)
+	if resp != nil {
+		now := t.clock.Now()
+		if w, ok := t.serverWait(resp, now); ok {
+			t.park(req.Context(), host, now, max(w, t.raFloor))
+		}
+	}
+	return resp, err
+}
+
+// call is one RoundTrip: the caller's request and what the retries need.
+type call struct {
+	t     *Transport
+	req   *http.Request
+	ctx   context.Context // the caller's
+	host  string
+	start time.Time
+	key   string        // WithAutoIdempotencyKey's key, made once
+	base  *http.Request // req with what every attempt shares: the key, the marks
+	trace *sendTrace    // set for requests that are not replayable
+}
+
+func (c *call) run() (*http.Response, error) {
+	t := c.t
+	c.prepare()
+	if err := t.admit(c.ctx, c.host); err != nil {
+		closeBody(c.req)
+		return nil, err
+	}
+	var (
+		resp *http.Response
+		err  error
+	)
+	for n := 1; ; n++ {
+		areq := c.base
+		if n > 1 {
+			if areq, err = c.rewind(); err != nil {
+				return c.refuse(n-1, nil, err, reasonGetBody)
+			}
+		}
+		if c.trace != nil {
+			c.trace.reset()
+		}
+		if n == 1 && t.budget != nil {
+			t.budget.recordFirst(c.start)
+		}
+		resp, err = t.base.RoundTrip(areq)
+		if err != nil && resp != nil {
+			resp.Body.Close() // a base breaking the RoundTripper contract
+			resp = nil
+		}
+		if err == nil && resp == nil {
+			err = errors.New("retryhttp: base RoundTripper returned neither a response nor an error")
+		}
+		delay, ok := c.decide(n, resp, err)
+		if !ok {
+			return c.finish(n, resp, err)
+		}
+		c.report(n, resp, err, delay, "")
+		drain(resp)
+		if werr := t.clock.Sleep(c.ctx, delay); werr != nil {
+			return nil, c.fail(n, fmt.Errorf("retryhttp: cancelled while waiting to retry: %w", werr))
+		}
+		if aerr := t.admit(c.ctx, c.host); aerr != nil {
+			return nil, c.fail(n, aerr)
+		}
+	}
+}
+
+// prepare builds what every attempt sends: the caller's request itself when
+// nothing must change, which is the common case for a GET.
+func (c *call) prepare() {
+	t, req := c.t, c.req
+	c.base = req
+	ctx := c.ctx
+	if t.markNested {
+		ctx = context.WithValue(ctx, nestedKey{}, true)
+	}
+	needKey := t.autoKey && wantsAutoKey(req)
+	if t.maxAttempts > 1 && !needKey && !replayable(req) {
+		c.trace = newSendTrace()
+		ctx = httptrace.WithClientTrace(ctx, &c.trace.trace)
+	}
+	if ctx == c.ctx && !needKey {
+		return
+	}
+	r := req.WithContext(ctx)
+	if needKey {
+		c.key = newIdempotencyKey()
+		r.Header = req.Header.Clone()
+		if r.Header == nil {
+			r.Header = make(http.Header)
+		}
+		r.Header[headerIdempotencyKey] = []string{c.key}
+	}
+	c.base = r
+}
+
+// rewind returns the request for a retry, with a fresh body from GetBody.
+func (c *call) rewind() (*http.Request, error) {
+	if c.req.Body == nil || c.req.Body == http.NoBody {
+		return c.base, nil
+	}
+	body, err := c.req.GetBody()
+	if err != nil {
+		return nil, err
+	}
+	r := new(http.Request)
+	*r = *c.base
+	r.Body = body
+	return r, nil
+}
+
+// decide says whether the failure of try n is retried, and after what wait.
+// A refused retry is reported here, with its reason.
+func (c *call) decide(n int, resp *http.Response, err error) (time.Duration, bool) {
+	t := c.t
+	now := t.clock.Now()
+	var (
+		serverWait time.Duration
+		named      bool
+	)
+	if resp != nil {
+		serverWait, named = t.serverWait(resp, now)
+		if named && serverWait > 0 {
+			t.park(c.ctx, c.host, now, max(serverWait, t.raFloor))
+		}
+		if !t.retryStatus(resp.StatusCode) {
+			return 0, false
+		}
+	} else if !transientError(c.ctx, err) {
+		return 0, false
+	}
+	if t.maxAttempts == 1 || c.ctx.Err() != nil {
+		return 0, false
+	}
+	refuse := func(reason string) (time.Duration, bool) {
+		c.report(n, resp, err, 0, reason)
+		return 0, false
+	}
+	switch {
+	case n >= t.maxAttempts:
+		return refuse(reasonAttempts)
+	case !c.repeatable(resp, err):
+		return refuse(reasonIdempotent)
+	case !rewindable(c.req):
+		return refuse(reasonRewind)
+	case named && serverWait > t.raMax:
+		return refuse(reasonServerWait)
+	}
+	delay := c.backoff(n)
+	if named {
+		delay = max(serverWait, t.raFloor)
+	}
+	if dl, ok := c.ctx.Deadline(); ok && now.Add(delay).After(dl) {
+		return refuse(reasonDeadline)
+	}
+	if t.budget != nil && !t.budget.tryRetry(now) {
+		return refuse(reasonBudget)
+	}
+	return delay, true
+}
+
+// repeatable reports whether the request may be sent again after this
+// failure: always if it is replayable, else only if the server certainly did
+// not act on it (a 429, or an attempt that was never sent).
+func (c *call) repeatable(resp *http.Response, err error) bool {
+	if c.key != "" || replayable(c.req) {
+		return true
+	}
+	if resp != nil {
+		return resp.StatusCode == http.StatusTooManyRequests
+	}
+	return !mayHaveSent(err, c.trace)
+}
+
+// backoff is full jitter: uniform(0, min(max, base*2^(n-1))) after the nth
+// failure.
+func (c *call) backoff(n int) time.Duration {
+	t := c.t
+	ceiling := t.backoffBase
+	for i := 1; i < n && ceiling < t.backoffMax; i++ {
+		ceiling *= 2
+	}
+	ceiling = min(ceiling, t.backoffMax)
+	r := t.rand()
+	if !(r >= 0) {
+		r = 0
+	}
+	if r >= 1 {
+		r = 0.9999999999999999
+	}
+	return time.Duration(r * float64(ceiling))
+}
+
+// finish returns the outcome of the last try.
+func (c *call) finish(n int, resp *http.Response, err error) (*http.Response, error) {
+	if err != nil {
+		return nil, c.fail(n, err)
+	}
+	return resp, nil
+}
+
+// refuse ends the call when a retry could not be prepared.
+func (c *call) refuse(n int, resp *http.Response, err error, reason string) (*http.Response, error) {
+	c.report(n, resp, err, 0, reason)
+	return nil, c.fail(n, err)
+}
+
+func (c *call) fail(n int, err error) error {
+	return &RetryError{
+		Method:   methodOf(c.req),
+		URL:      redactedURL(c.req),
+		Attempts: n,
+		Elapsed:  c.t.clock.Now().Sub(c.start),
+		Err:      err,
+	}
+}
+
+// report calls the OnRetry hook and logs one line, for a retry (reason
+// empty) or a refused one.
+func (c *call) report(n int, resp *http.Response, err error, delay time.Duration, reason string) {
+	t := c.t
+	status := 0
+	if resp != nil {
+		status = resp.StatusCode
+	}
+	if t.onRetry != nil {
+		t.onRetry(RetryEvent{Request: c.req, Attempt: n, Delay: delay, Status: status, Err: err, Reason: reason})
+	}
+	if t.logger == nil {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 8)
+	attrs = append(attrs,
+		slog.String("method", methodOf(c.req)),
+		slog.String("host", c.host),
+		slog.String("path", pathOf(c.req)),
+		slog.Int("attempt", n))
+	if status != 0 {
+		attrs = append(attrs, slog.Int("status", status))
+	}
+	if err != nil {
+		attrs = append(attrs, slog.String("error", logError(err)))
+	}
+	if reason == "" {
+		attrs = append(attrs, slog.Duration("wait", delay))
+		t.logger.LogAttrs(c.ctx, slog.LevelInfo, "retryhttp: retrying", attrs...)
+		return
+	}
+	attrs = append(attrs, slog.String("reason", reason))
+	level := slog.LevelInfo
+	if reason == reasonBudget {
+		level = slog.LevelWarn
+	}
+	t.logger.LogAttrs(c.ctx, level, "retryhttp: not retrying", attrs...)
+}
+
+// drainLimit is how much of a retried response's body is read so that its
+// connection can be reused; a longer body costs less to drop than to read.
+const drainLimit = 64 << 10
+
+// drain reads what is left of a retried response's body, up to drainLimit,
+// and closes it, so that a keep-alive connection goes back to the pool.
+func drain(resp *http.Response) {
+	if resp == nil || resp.Body == nil {
+		return
+	}
+	if resp.ContentLength < 0 || resp.ContentLength <= drainLimit {
+		io.CopyN(io.Discard, resp.Body, drainLimit)
+	}
+	resp.Body.Close()
+}
+
+// closeBody honours the RoundTripper contract for a request never sent: its
+// body is closed all the same.
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+}
