@@ -6,3 +6,5 @@ require (
 	github.com/hashicorp/go-cleanhttp v0.5.2
 	golang.org/x/time v0.16.0
 )
+
+require github.com/google/go-cmp v0.7.0 // indirect
