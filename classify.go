@@ -54,7 +54,11 @@ var transientErrnos = []syscall.Errno{
 // fail the same way every time, and an error nobody recognises is not worth
 // a retry either.
 func transientError(ctx context.Context, err error) bool {
-	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	// The caller's context ending is final. A timeout of the base's own
+	// (awaiting headers, dialling, a TLS handshake) also matches
+	// context.DeadlineExceeded in net/http, but while the caller's context
+	// lives it is a timeout like any other, and may pass.
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) {
 		return false
 	}
 	if certificateError(err) {

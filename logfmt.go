@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"strings"
 )
 
 // Logs and errors name a request by method, scheme, host and path only:
@@ -32,11 +33,17 @@ func redactedURL(req *http.Request) string {
 }
 
 // logError is an error's text without the URL a *url.Error adds, which
-// may carry a query.
+// may carry a query or a password: such an error, outermost or wrapped,
+// is shown as its operation and its own error only.
 func logError(err error) string {
 	var ue *url.Error
-	if errors.As(err, &ue) {
-		return ue.Err.Error()
+	if !errors.As(err, &ue) {
+		return err.Error()
 	}
-	return err.Error()
+	inner := logError(ue.Err)
+	if ue == err {
+		return ue.Op + ": " + inner
+	}
+	// A wrapper around the *url.Error: keep its words, drop the URL.
+	return strings.Replace(err.Error(), ue.Error(), ue.Op+": "+inner, 1)
 }

@@ -62,6 +62,10 @@ type Reservation struct {
 	// ParkedUntil is non-zero when the host is parked: nothing was taken,
 	// and the caller may ask again once it has waited until then.
 	ParkedUntil time.Time
+	// Cancel, when non-nil, gives the slot back: the Transport calls it
+	// when the request's context ends before the slot comes, so that a
+	// cancelled request does not hold up the ones behind it.
+	Cancel func(now time.Time)
 }
 
 // Limiter paces attempts per host and holds each host's parking. The
@@ -88,6 +92,7 @@ type localLimiter struct {
 	// parkedUntil is the latest parking ever set, in Unix nanoseconds: while
 	// now is past it, no host is parked and the map need not be consulted.
 	parkedUntil atomic.Int64
+	clock       Clock // for Park, which is told no time but must sweep by it
 	shards      [shardCount]shard
 }
 
@@ -109,7 +114,7 @@ type hostState struct {
 // minSweep is the map size below which a shard is never swept.
 const minSweep = 64
 
-func newLocalLimiter() *localLimiter { return &localLimiter{} }
+func newLocalLimiter(clk Clock) *localLimiter { return &localLimiter{clock: clk} }
 
 func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error) {
 	if a.Pace.Unlimited() && a.Now.UnixNano() >= l.parkedUntil.Load() {
@@ -140,7 +145,11 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 		r.CancelAt(a.Now)
 		return Reservation{Delay: delay}, nil
 	}
-	return Reservation{OK: true, Delay: delay}, nil
+	res := Reservation{OK: true, Delay: delay}
+	if delay > 0 {
+		res.Cancel = r.CancelAt
+	}
+	return res, nil
 }
 
 func (l *localLimiter) Park(_ context.Context, host string, until time.Time) error {
@@ -148,7 +157,7 @@ func (l *localLimiter) Park(_ context.Context, host string, until time.Time) err
 	s.mu.Lock()
 	st := s.hosts[host]
 	if st == nil {
-		st = s.add(host, until)
+		st = s.add(host, l.clock.Now())
 	}
 	if until.After(st.until) {
 		st.until = until
@@ -241,11 +250,18 @@ func normalizeHostOption(host string) string {
 func (t *Transport) admit(ctx context.Context, host string) error {
 	pace := t.paceFor(host)
 	deadline, _ := ctx.Deadline()
-	// A parking can be renewed while we wait it out; the bound keeps a host
-	// that parks itself again and again from holding a request for ever.
-	for range 4 {
+	unpaced := Pace{Limit: rate.Inf}
+	needToken := true
+	// A parking can begin while we wait for a token, and be renewed while we
+	// wait it out; the bound keeps a host that parks itself again and again
+	// from holding a request for ever.
+	for range 8 {
 		now := t.clock.Now()
-		res, err := t.limiter.Reserve(ctx, Attempt{Host: host, Pace: pace, Now: now, Latest: deadline})
+		a := Attempt{Host: host, Pace: pace, Now: now, Latest: deadline}
+		if !needToken {
+			a.Pace = unpaced
+		}
+		res, err := t.limiter.Reserve(ctx, a)
 		if err != nil {
 			return err
 		}
@@ -253,7 +269,16 @@ func (t *Transport) admit(ctx context.Context, host string) error {
 			if res.Delay <= 0 {
 				return nil
 			}
-			return t.clock.Sleep(ctx, res.Delay)
+			if err := t.clock.Sleep(ctx, res.Delay); err != nil {
+				if res.Cancel != nil {
+					res.Cancel(t.clock.Now())
+				}
+				return err
+			}
+			// Another request's answer may have parked the host while
+			// this one waited: look again before sending.
+			needToken = false
+			continue
 		}
 		if res.ParkedUntil.IsZero() {
 			return fmt.Errorf("retryhttp: pacing %s needs a wait of %v, past the request's deadline: %w",
@@ -266,6 +291,9 @@ func (t *Transport) admit(ctx context.Context, host string) error {
 		if err := t.clock.Sleep(ctx, rest); err != nil {
 			return err
 		}
+		// The token taken before the parking was spent on nothing; after
+		// it, the pace starts again, so the reopened host is not stormed.
+		needToken = true
 	}
 	return &HostPausedError{Host: host, Until: t.clock.Now().Add(t.raMax)}
 }

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -196,6 +197,34 @@ func TestQuotaHeadersPark(t *testing.T) {
 	}
 }
 
+// A request waiting for its pace token when another request's answer parks
+// the host waits out the parking too, then takes a fresh token.
+func TestParkingWhileWaitingForToken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		host := newStub(map[string][]step{"/a": {{status: 429, headers: map[string]string{"Retry-After": "5"}}, {status: 200}}})
+		net := newPipeNet(host)
+		defer net.close()
+		tr := New(WithBase(net.tr), WithPace(1, 1))
+		var wg sync.WaitGroup
+		wg.Go(func() { get(t, tr, "http://api.test/a") })
+		time.Sleep(time.Millisecond)
+		wg.Go(func() { get(t, tr, "http://api.test/b") })
+		wg.Wait()
+		got := map[string]float64{}
+		for _, h := range host.all() {
+			got[h.path] = h.at.Sub(host.start).Seconds()
+		}
+		// /a at 0, parked till 5; /b waited for a token at 1, then for the
+		// parking, then its fresh token at 5; /a's retry the next at 6.
+		if diff := cmp.Diff(map[string]float64{"/a": 6, "/b": 5}, got); diff != "" {
+			t.Errorf("last request per path, in seconds (-want +got):\n%s", diff)
+		}
+		if n := host.count(""); n != 3 {
+			t.Errorf("%d requests, want 3", n)
+		}
+	})
+}
+
 func TestHostKeys(t *testing.T) {
 	tests := []struct{ url, want string }{
 		{"https://API.Example.com:443/x", "api.example.com"},
@@ -268,7 +297,7 @@ func TestPaceArguments(t *testing.T) {
 // A crawler over a million hosts must not keep a million entries: hosts
 // whose bucket has refilled and whose parking is over are forgotten.
 func TestPacerMemoryBounded(t *testing.T) {
-	l := newLocalLimiter()
+	l := newLocalLimiter(realClock{})
 	now := time.Unix(1_800_000_000, 0)
 	pace := Pace{Limit: 10, Burst: 1}
 	const hosts = 200_000
@@ -308,7 +337,7 @@ func BenchmarkPacer(b *testing.B) {
 		{"paced", Pace{Limit: rate.Inf / 2, Burst: 1 << 20}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			l := newLocalLimiter()
+			l := newLocalLimiter(realClock{})
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				i := 0

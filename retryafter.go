@@ -16,6 +16,14 @@ import (
 // maxDelaySeconds is the largest delay-seconds that still fits a Duration.
 const maxDelaySeconds = int64(1<<63-1) / int64(time.Second)
 
+// Longer values than these are not parsed at all: an HTTP-date is 29 bytes
+// (asctime 24), and a RateLimit field of a few policies a few hundred. A
+// hostile header of megabytes costs a length check, not a parse.
+const (
+	maxDateLen      = 64
+	maxRateLimitLen = 4096
+)
+
 // retryAfter returns the wait a response's Retry-After names, counted from
 // the response's own Date when it has one (the server's clock, so a skew
 // between the clocks does not matter), else from now. ok is false when the
@@ -30,6 +38,9 @@ func retryAfter(h http.Header, now time.Time) (wait time.Duration, ok bool) {
 	if secs, ok := parseSeconds(v); ok {
 		return time.Duration(secs) * time.Second, true
 	}
+	if len(v) > maxDateLen {
+		return 0, false
+	}
 	when, err := http.ParseTime(v)
 	if err != nil {
 		return 0, false
@@ -39,7 +50,7 @@ func retryAfter(h http.Header, now time.Time) (wait time.Duration, ok bool) {
 
 // serverNow is the response's Date when it has a valid one, else now.
 func serverNow(h http.Header, now time.Time) time.Time {
-	if d := firstValue(h, "Date"); d != "" {
+	if d := firstValue(h, "Date"); d != "" && len(d) <= maxDateLen {
 		if t, err := http.ParseTime(d); err == nil {
 			return t
 		}
@@ -60,7 +71,7 @@ func serverNow(h http.Header, now time.Time) time.Time {
 // ok is false when no header says the quota is spent, or the reset is
 // unusable.
 func quotaReset(h http.Header, now time.Time) (wait time.Duration, ok bool) {
-	if v := firstValue(h, "Ratelimit"); v != "" {
+	if v := firstValue(h, "Ratelimit"); v != "" && len(v) <= maxRateLimitLen {
 		if secs, ok := parseRateLimitField(v); ok {
 			return time.Duration(secs) * time.Second, true
 		}
@@ -97,14 +108,14 @@ func parseRateLimitField(v string) (secs int64, ok bool) {
 			if !found {
 				continue
 			}
-			switch strings.ToLower(strings.TrimSpace(key)) {
-			case "r":
+			switch key = strings.TrimSpace(key); {
+			case strings.EqualFold(key, "r"):
 				remaining = val
-			case "t":
+			case strings.EqualFold(key, "t"):
 				reset = val
-			case "remaining":
+			case strings.EqualFold(key, "remaining"):
 				dictRemaining = val
-			case "reset":
+			case strings.EqualFold(key, "reset"):
 				dictReset = val
 			}
 		}

@@ -96,17 +96,17 @@ func New(opts ...Option) *Transport {
 	if t.pace == (Pace{}) {
 		t.pace = Pace{Limit: rate.Inf}
 	}
+	if t.clock == nil {
+		t.clock = realClock{}
+	}
 	if t.limiter == nil {
-		t.limiter = newLocalLimiter()
+		t.limiter = newLocalLimiter(t.clock)
 	}
 	if !c.budgetSet {
 		t.budget = NewBudget(0.1, 1)
 	}
 	if t.rand == nil {
 		t.rand = rand.Float64
-	}
-	if t.clock == nil {
-		t.clock = realClock{}
 	}
 	return t
 }
@@ -168,8 +168,8 @@ func (e *RetryError) Error() string {
 	if e.Attempts == 1 {
 		tries = "attempt"
 	}
-	return fmt.Sprintf("%s %s: gave up after %d %s over %v: %v",
-		e.Method, e.URL, e.Attempts, tries, e.Elapsed.Round(time.Millisecond), e.Err)
+	return fmt.Sprintf("%s %s: gave up after %d %s over %v: %s",
+		e.Method, e.URL, e.Attempts, tries, e.Elapsed.Round(time.Millisecond), logError(e.Err))
 }
 
 // Unwrap returns the last try's error.

@@ -243,7 +243,8 @@ func TestTransientErrorTypes(t *testing.T) {
 		{&net.DNSError{Err: "no such host", IsNotFound: true}, false},
 		{&net.DNSError{Err: "server misbehaving", IsTemporary: true}, true},
 		{&tls.CertificateVerificationError{Err: errors.New("bad")}, false},
-		{context.DeadlineExceeded, false},
+		{context.Canceled, false},
+		{context.DeadlineExceeded, true}, // the base's own timeout: the caller's context lives
 		{errors.New("something nobody knows"), false},
 		{h2StreamError{StreamID: 1, Code: h2RefusedStream}, true},
 		{h2StreamError{StreamID: 1, Code: 0x1}, false}, // PROTOCOL_ERROR
