@@ -125,56 +125,6 @@ func (t *Transport) CloseIdleConnections() {
 	}
 }
 
-// RetryEvent describes a failed try that could have been retried. OnRetry
-// gets one before every retry, and one when a retry is refused, with Reason
-// saying why.
-type RetryEvent struct {
-	Request *http.Request // the caller's request
-	Attempt int           // the try that just failed, 1 for the first
-	Delay   time.Duration // the wait before the next try; 0 when refused
-	Status  int           // the response's status; 0 when Err is set
-	Err     error         // the transport error; nil when Status is set
-	// Reason is empty when a retry follows. Otherwise it says why the
-	// failure was returned as it is: "out of attempts", "retry budget
-	// spent", "not idempotent", "body cannot be rewound (no GetBody)",
-	// "server wait beyond max" or "wait ends after deadline".
-	Reason string
-}
-
-// Reasons a retry is refused, as RetryEvent.Reason and the log say them.
-const (
-	reasonAttempts   = "out of attempts"
-	reasonBudget     = "retry budget spent"
-	reasonIdempotent = "not idempotent"
-	reasonRewind     = "body cannot be rewound (no GetBody)"
-	reasonServerWait = "server wait beyond max"
-	reasonDeadline   = "wait ends after deadline"
-	reasonGetBody    = "GetBody failed"
-)
-
-// RetryError is returned when the last try ended in an error. It says how
-// many tries were made over how long, and Unwraps to the last error, so
-// errors.Is(err, syscall.ECONNREFUSED) and the like still work.
-type RetryError struct {
-	Method   string
-	URL      string // without query or user info
-	Attempts int
-	Elapsed  time.Duration
-	Err      error
-}
-
-func (e *RetryError) Error() string {
-	tries := "attempts"
-	if e.Attempts == 1 {
-		tries = "attempt"
-	}
-	return fmt.Sprintf("%s %s: gave up after %d %s over %v: %s",
-		e.Method, e.URL, e.Attempts, tries, e.Elapsed.Round(time.Millisecond), logError(e.Err))
-}
-
-// Unwrap returns the last try's error.
-func (e *RetryError) Unwrap() error { return e.Err }
-
 // nestedKey marks a request's context as already inside a retryhttp
 // Transport, so that Transports nested below it make one attempt each.
 type nestedKey struct{}
@@ -405,55 +355,6 @@ func (c *call) finish(n int, resp *http.Response, err error) (*http.Response, er
 func (c *call) refuse(n int, resp *http.Response, err error, reason string) (*http.Response, error) {
 	c.report(n, resp, err, 0, reason)
 	return nil, c.fail(n, err)
-}
-
-func (c *call) fail(n int, err error) error {
-	return &RetryError{
-		Method:   methodOf(c.req),
-		URL:      redactedURL(c.req),
-		Attempts: n,
-		Elapsed:  c.t.clock.Now().Sub(c.start),
-		Err:      err,
-	}
-}
-
-// report calls the OnRetry hook and logs one line, for a retry (reason
-// empty) or a refused one.
-func (c *call) report(n int, resp *http.Response, err error, delay time.Duration, reason string) {
-	t := c.t
-	status := 0
-	if resp != nil {
-		status = resp.StatusCode
-	}
-	if t.onRetry != nil {
-		t.onRetry(RetryEvent{Request: c.req, Attempt: n, Delay: delay, Status: status, Err: err, Reason: reason})
-	}
-	if t.logger == nil {
-		return
-	}
-	attrs := make([]slog.Attr, 0, 8)
-	attrs = append(attrs,
-		slog.String("method", methodOf(c.req)),
-		slog.String("host", c.host),
-		slog.String("path", pathOf(c.req)),
-		slog.Int("attempt", n))
-	if status != 0 {
-		attrs = append(attrs, slog.Int("status", status))
-	}
-	if err != nil {
-		attrs = append(attrs, slog.String("error", logError(err)))
-	}
-	if reason == "" {
-		attrs = append(attrs, slog.Duration("wait", delay))
-		t.logger.LogAttrs(c.ctx, slog.LevelInfo, "retryhttp: retrying", attrs...)
-		return
-	}
-	attrs = append(attrs, slog.String("reason", reason))
-	level := slog.LevelInfo
-	if reason == reasonBudget {
-		level = slog.LevelWarn
-	}
-	t.logger.LogAttrs(c.ctx, level, "retryhttp: not retrying", attrs...)
 }
 
 // drainLimit is how much of a retried response's body is read so that its

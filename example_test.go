@@ -1,0 +1,245 @@
+package retryhttp_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/retryhttp/retryhttp"
+)
+
+// flaky answers 503 to the first n requests, then 200.
+func flaky(n int32, headers map[string]string) *httptest.Server {
+	var seen atomic.Int32
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if seen.Add(1) <= n {
+			for k, v := range headers {
+				w.Header().Set(k, v)
+			}
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+}
+
+// The drop-in use: a client whose requests are retried, paced and bounded
+// by the defaults.
+func Example() {
+	srv := flaky(1, nil)
+	defer srv.Close()
+
+	client := &http.Client{Transport: retryhttp.New()}
+	resp, err := client.Get(srv.URL)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	fmt.Println(resp.StatusCode, string(body))
+	// Output: 200 ok
+}
+
+// Any SDK that accepts an *http.Client gets the same behaviour: hand it
+// NewClient's. Turn the SDK's own retries off, so they are not multiplied.
+func ExampleNewClient() {
+	srv := flaky(2, nil)
+	defer srv.Close()
+
+	client := retryhttp.NewClient(retryhttp.WithMaxAttempts(4))
+	client.Timeout = 30 * time.Second // the whole call, waits included
+	resp, err := client.Get(srv.URL)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp.Body.Close()
+	fmt.Println(resp.Status)
+	// Output: 200 OK
+}
+
+// OnRetry sees every retry and every refused one, with the reason.
+func ExampleWithOnRetry() {
+	srv := flaky(5, nil)
+	defer srv.Close()
+
+	tr := retryhttp.New(
+		retryhttp.WithBackoff(time.Millisecond, 10*time.Millisecond),
+		retryhttp.WithOnRetry(func(e retryhttp.RetryEvent) {
+			if e.Reason != "" {
+				fmt.Printf("try %d: %d, not retried: %s\n", e.Attempt, e.Status, e.Reason)
+				return
+			}
+			fmt.Printf("try %d: %d, retrying\n", e.Attempt, e.Status)
+		}),
+	)
+	resp, _ := (&http.Client{Transport: tr}).Get(srv.URL)
+	resp.Body.Close()
+	fmt.Println("returned", resp.StatusCode)
+	// Output:
+	// try 1: 503, retrying
+	// try 2: 503, retrying
+	// try 3: 503, not retried: out of attempts
+	// returned 503
+}
+
+// A logger gets one line per retry: method, host, path without the query,
+// attempt, status or error, and the wait. Headers are never logged.
+func ExampleWithLogger() {
+	srv := flaky(1, nil)
+	defer srv.Close()
+
+	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			switch a.Key {
+			case "time", "host", "wait":
+				return slog.Attr{} // vary from run to run
+			}
+			return a
+		},
+	}))
+	tr := retryhttp.New(retryhttp.WithLogger(logger), retryhttp.WithBackoff(time.Millisecond, time.Millisecond))
+	resp, _ := (&http.Client{Transport: tr}).Get(srv.URL + "/v1/items?token=secret")
+	resp.Body.Close()
+	// Output:
+	// level=INFO msg="retryhttp: retrying" method=GET path=/v1/items attempt=1 status=503
+}
+
+// A server's Retry-After is obeyed within bounds: never less than the
+// floor, and a wait beyond the max is not slept through.
+func ExampleWithRetryAfterLimits() {
+	srv := flaky(1, map[string]string{"Retry-After": "0"})
+	defer srv.Close()
+
+	tr := retryhttp.New(retryhttp.WithRetryAfterLimits(50*time.Millisecond, 2*time.Second))
+	start := time.Now()
+	resp, _ := (&http.Client{Transport: tr}).Get(srv.URL)
+	resp.Body.Close()
+	fmt.Println(resp.StatusCode, "after at least the floor:", time.Since(start) >= 50*time.Millisecond)
+	// Output: 200 after at least the floor: true
+}
+
+// A host that asks for more than the max wait is parked: the answer comes
+// back at once, and the next request fails fast instead of hammering it.
+func ExampleErrHostPaused() {
+	srv := flaky(1, map[string]string{"Retry-After": "3600"})
+	defer srv.Close()
+
+	client := retryhttp.NewClient()
+	resp, _ := client.Get(srv.URL)
+	resp.Body.Close()
+	fmt.Println("first:", resp.StatusCode)
+
+	_, err := client.Get(srv.URL)
+	fmt.Println("second fails fast:", errors.Is(err, retryhttp.ErrHostPaused))
+	// Output:
+	// first: 503
+	// second fails fast: true
+}
+
+// A POST is retried only when it is safe: with an Idempotency-Key, which
+// WithAutoIdempotencyKey adds once and sends on every try.
+func ExampleWithAutoIdempotencyKey() {
+	var keys []string
+	var seen atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		keys = append(keys, r.Header.Get("Idempotency-Key"))
+		if seen.Add(1) == 1 {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+
+	client := retryhttp.NewClient(retryhttp.WithAutoIdempotencyKey(),
+		retryhttp.WithBackoff(time.Millisecond, time.Millisecond))
+	resp, err := client.Post(srv.URL, "application/json", strings.NewReader(`{"amount":10}`))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp.Body.Close()
+	fmt.Println(resp.StatusCode, "tries:", len(keys), "same key:", keys[0] == keys[1] && keys[0] != "")
+	// Output: 201 tries: 2 same key: true
+}
+
+// Pace every host at 20 requests a second with bursts of 5, and one slow
+// host at 2 a second. Retries spend tokens too.
+func ExampleWithPace() {
+	srv := flaky(0, nil)
+	defer srv.Close()
+
+	client := retryhttp.NewClient(
+		retryhttp.WithPace(20, 5),
+		retryhttp.WithHostPace("slow.example.com", 2, 1),
+	)
+	start := time.Now()
+	for range 7 {
+		resp, err := client.Get(srv.URL)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		resp.Body.Close()
+	}
+	// 5 at once, then 2 more at 20/s: at least 100 ms.
+	fmt.Println(time.Since(start) >= 90*time.Millisecond)
+	// Output: true
+}
+
+// One budget shared by every Transport of a process caps the retries of
+// all of them at a share of their first tries.
+func ExampleNewBudget() {
+	srv := flaky(1000, nil) // an outage
+	defer srv.Close()
+
+	budget := retryhttp.NewBudget(0.1, 0) // 10 % of first tries, no reserve
+	var retries atomic.Int32
+	opts := []retryhttp.Option{
+		retryhttp.WithBudget(budget),
+		retryhttp.WithBackoff(time.Millisecond, time.Millisecond),
+		retryhttp.WithOnRetry(func(e retryhttp.RetryEvent) {
+			if e.Reason == "" {
+				retries.Add(1)
+			}
+		}),
+	}
+	a, b := retryhttp.NewClient(opts...), retryhttp.NewClient(opts...)
+	for i := range 20 {
+		client := a
+		if i%2 == 1 {
+			client = b
+		}
+		resp, _ := client.Get(srv.URL)
+		resp.Body.Close()
+	}
+	fmt.Println("retries for 20 failing requests:", retries.Load())
+	// Output: retries for 20 failing requests: 2
+}
+
+// When the last try ends in an error, RoundTrip says how it went, and the
+// cause stays reachable with errors.Is and errors.As.
+func ExampleRetryError() {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL + "/v1/x"
+	srv.Close() // nothing listens any more
+
+	tr := retryhttp.New(retryhttp.WithBackoff(time.Millisecond, time.Millisecond))
+	req, _ := http.NewRequestWithContext(context.Background(), "GET", url, nil)
+	_, err := tr.RoundTrip(req)
+	var re *retryhttp.RetryError
+	if errors.As(err, &re) {
+		fmt.Println(re.Method, "attempts:", re.Attempts)
+	}
+	// Output: GET attempts: 3
+}

@@ -1,0 +1,156 @@
+package retryhttp
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// What the Transport says of what it did: the events for OnRetry, the log
+// lines, and the error of a call that ended in one. Everything names a
+// request by method, scheme, host and path only: queries carry tokens, user
+// info carries passwords, and headers are never read here.
+
+// RetryEvent describes a failed try that could have been retried. OnRetry
+// gets one before every retry, and one when a retry is refused, with Reason
+// saying why.
+type RetryEvent struct {
+	Request *http.Request // the caller's request
+	Attempt int           // the try that just failed, 1 for the first
+	Delay   time.Duration // the wait before the next try; 0 when refused
+	Status  int           // the response's status; 0 when Err is set
+	Err     error         // the transport error; nil when Status is set
+	// Reason is empty when a retry follows. Otherwise it says why the
+	// failure was returned as it is: "out of attempts", "retry budget
+	// spent", "not idempotent", "body cannot be rewound (no GetBody)",
+	// "server wait beyond max" or "wait ends after deadline".
+	Reason string
+}
+
+// Reasons a retry is refused, as RetryEvent.Reason and the log say them.
+const (
+	reasonAttempts   = "out of attempts"
+	reasonBudget     = "retry budget spent"
+	reasonIdempotent = "not idempotent"
+	reasonRewind     = "body cannot be rewound (no GetBody)"
+	reasonServerWait = "server wait beyond max"
+	reasonDeadline   = "wait ends after deadline"
+	reasonGetBody    = "GetBody failed"
+)
+
+// RetryError is returned when the last try ended in an error. It says how
+// many tries were made over how long, and Unwraps to the last error, so
+// errors.Is(err, syscall.ECONNREFUSED) and the like still work.
+type RetryError struct {
+	Method   string
+	URL      string // without query or user info
+	Attempts int
+	Elapsed  time.Duration
+	Err      error
+}
+
+func (e *RetryError) Error() string {
+	tries := "attempts"
+	if e.Attempts == 1 {
+		tries = "attempt"
+	}
+	return fmt.Sprintf("%s %s: gave up after %d %s over %v: %s",
+		e.Method, e.URL, e.Attempts, tries, e.Elapsed.Round(time.Millisecond), logError(e.Err))
+}
+
+// Unwrap returns the last try's error.
+func (e *RetryError) Unwrap() error { return e.Err }
+
+func (c *call) fail(n int, err error) error {
+	return &RetryError{
+		Method:   methodOf(c.req),
+		URL:      redactedURL(c.req),
+		Attempts: n,
+		Elapsed:  c.t.clock.Now().Sub(c.start),
+		Err:      err,
+	}
+}
+
+// report calls the OnRetry hook and logs one line, for a retry (reason
+// empty) or a refused one.
+func (c *call) report(n int, resp *http.Response, err error, delay time.Duration, reason string) {
+	t := c.t
+	status := 0
+	if resp != nil {
+		status = resp.StatusCode
+	}
+	if t.onRetry != nil {
+		t.onRetry(RetryEvent{Request: c.req, Attempt: n, Delay: delay, Status: status, Err: err, Reason: reason})
+	}
+	if t.logger == nil {
+		return
+	}
+	attrs := make([]slog.Attr, 0, 8)
+	attrs = append(attrs,
+		slog.String("method", methodOf(c.req)),
+		slog.String("host", c.host),
+		slog.String("path", pathOf(c.req)),
+		slog.Int("attempt", n))
+	if status != 0 {
+		attrs = append(attrs, slog.Int("status", status))
+	}
+	if err != nil {
+		attrs = append(attrs, slog.String("error", logError(err)))
+	}
+	if reason == "" {
+		attrs = append(attrs, slog.Duration("wait", delay))
+		t.logger.LogAttrs(c.ctx, slog.LevelInfo, "retryhttp: retrying", attrs...)
+		return
+	}
+	attrs = append(attrs, slog.String("reason", reason))
+	level := slog.LevelInfo
+	if reason == reasonBudget {
+		level = slog.LevelWarn
+	}
+	t.logger.LogAttrs(c.ctx, level, "retryhttp: not retrying", attrs...)
+}
+
+// Logs and errors name a request by method, scheme, host and path only:
+// queries carry tokens, and user info carries passwords.
+
+func methodOf(req *http.Request) string {
+	if req.Method == "" {
+		return http.MethodGet
+	}
+	return req.Method
+}
+
+func pathOf(req *http.Request) string {
+	if req.URL == nil {
+		return ""
+	}
+	return req.URL.EscapedPath()
+}
+
+func redactedURL(req *http.Request) string {
+	if req.URL == nil {
+		return ""
+	}
+	u := url.URL{Scheme: req.URL.Scheme, Host: req.URL.Host, Path: req.URL.Path, RawPath: req.URL.RawPath}
+	return u.String()
+}
+
+// logError is an error's text without the URL a *url.Error adds, which
+// may carry a query or a password: such an error, outermost or wrapped,
+// is shown as its operation and its own error only.
+func logError(err error) string {
+	var ue *url.Error
+	if !errors.As(err, &ue) {
+		return err.Error()
+	}
+	inner := logError(ue.Err)
+	if ue == err {
+		return ue.Op + ": " + inner
+	}
+	// A wrapper around the *url.Error: keep its words, drop the URL.
+	return strings.Replace(err.Error(), ue.Error(), ue.Op+": "+inner, 1)
+}
