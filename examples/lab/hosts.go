@@ -1,0 +1,270 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The stub hosts of the seeds, as http.Handlers that read the lab's clock.
+// Their behaviour follows seed 002's nimbu_lab.py and seed 000's stub.
+
+// shopLatency is what a request to seed 002's shop takes, there and back.
+const shopLatency = 50 * time.Millisecond
+
+// loopbackLatency is what a request to seed 000's stub takes: it ran on
+// loopback, where a request costs well under a millisecond.
+const loopbackLatency = time.Millisecond
+
+// Network is the lab's network: an http.RoundTripper that hands each request
+// to the handler of its host, at the virtual time it is sent, and returns the
+// answer the host's latency later, sleeping on the clock meanwhile (a request
+// in flight is a waiting participant). Naive loops use it as the Transport
+// of a plain http.Client; retryhttp uses it through WithBase.
+type Network struct {
+	clock *Clock
+	hosts map[string]*Host
+}
+
+// Host is one stub host.
+type Host struct {
+	Name    string
+	Latency time.Duration
+	Handler http.Handler
+	Log     *AccessLog
+}
+
+// NewNetwork returns a network with no hosts, on clock.
+func NewNetwork(clock *Clock) *Network {
+	return &Network{clock: clock, hosts: make(map[string]*Host)}
+}
+
+// Add registers a host under name, logging every request it answers.
+func (n *Network) Add(name string, latency time.Duration, h http.Handler) *Host {
+	host := &Host{Name: name, Latency: latency, Handler: h, Log: &AccessLog{clock: n.clock}}
+	n.hosts[name] = host
+	return host
+}
+
+// RoundTrip serves req with its host's handler through an
+// httptest.ResponseRecorder.
+func (n *Network) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body != nil {
+		defer req.Body.Close()
+	}
+	host := n.hosts[strings.ToLower(req.URL.Host)]
+	if host == nil {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: fmt.Errorf("no such host %q in the lab", req.URL.Host)}
+	}
+	in := req.Clone(req.Context()) // what the server sees
+	in.RequestURI = req.URL.RequestURI()
+	in.Host = req.URL.Host
+	rec := httptest.NewRecorder()
+	host.Handler.ServeHTTP(rec, in)
+	host.Log.add(rec.Code)
+	if err := n.clock.Sleep(req.Context(), host.Latency); err != nil {
+		return nil, err
+	}
+	resp := rec.Result()
+	resp.Request = req
+	return resp, nil
+}
+
+// AccessLog is what a host saw: one entry per request.
+type AccessLog struct {
+	clock   *Clock
+	mu      sync.Mutex
+	entries []entry
+}
+
+type entry struct {
+	at     time.Duration // since the start of the scenario
+	status int
+}
+
+func (l *AccessLog) add(status int) {
+	at := l.clock.Since()
+	l.mu.Lock()
+	l.entries = append(l.entries, entry{at, status})
+	l.mu.Unlock()
+}
+
+// Requests is the number of requests the host answered.
+func (l *AccessLog) Requests() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.entries)
+}
+
+// Count is the number of answers with the given status.
+func (l *AccessLog) Count(status int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, e := range l.entries {
+		if e.status == status {
+			n++
+		}
+	}
+	return n
+}
+
+// LargestBurst is the most requests that arrived at one instant after the
+// start: collectors that wait the same time come back together, in waves.
+func (l *AccessLog) LargestBurst() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	at := make(map[time.Duration]int)
+	most := 0
+	for _, e := range l.entries {
+		if e.at > 0 {
+			at[e.at]++
+			most = max(most, at[e.at])
+		}
+	}
+	return most
+}
+
+// elapsed is the virtual time since epoch, in seconds, as the Python shop
+// counts it.
+func elapsed(c *Clock) float64 { return c.Since().Seconds() }
+
+// PriceAPI is seed 002's bazaar.nimbu.test/api/v1/prices: a token bucket of
+// 5 tokens that gains 1 a second, one token per request, and 429 with
+// Retry-After in whole seconds (the ceiling of the wait) when it is empty.
+type PriceAPI struct {
+	clock    *Clock
+	mu       sync.Mutex
+	capacity float64
+	rate     float64 // tokens a second
+	tokens   float64
+	at       float64 // when tokens was counted, in seconds since epoch
+}
+
+// NewPriceAPI returns the price API with a full bucket.
+func NewPriceAPI(c *Clock) *PriceAPI {
+	return &PriceAPI{clock: c, capacity: 5, rate: 1, tokens: 5}
+}
+
+func (p *PriceAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	page, err := strconv.Atoi(r.URL.Query().Get("page"))
+	if err != nil || page < 1 || page > 20 {
+		http.Error(w, "no such page", http.StatusNotFound)
+		return
+	}
+	ok, wait := p.take(elapsed(p.clock))
+	if !ok {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait))))
+		w.WriteHeader(http.StatusTooManyRequests)
+		fmt.Fprintln(w, `{"error": "5 requests at once, then 1 a second"}`)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"page": %d}`+"\n", page)
+}
+
+// take spends a token: (true, 0), or (false, seconds until the next one).
+func (p *PriceAPI) take(now float64) (bool, float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.tokens = min(p.capacity, p.tokens+(now-p.at)*p.rate)
+	p.at = now
+	if p.tokens >= 1-1e-9 {
+		p.tokens--
+		return true, 0
+	}
+	return false, (1 - p.tokens) / p.rate
+}
+
+// httpDate is an HTTP date for a moment offset from the lab's clock, as Date
+// and Retry-After carry it (whole seconds).
+func httpDate(t time.Time) string { return t.UTC().Format(http.TimeFormat) }
+
+// Board is seed 002's flaky.nimbu.test/board: closed for maintenance for
+// the first 90 s, 503 with Retry-After as an HTTP date and a Date header,
+// both by the host's own clock, which runs Skew from the lab's.
+type Board struct {
+	clock  *Clock
+	Closed time.Duration // from the start of the scenario
+	Skew   time.Duration // the host's clock minus the lab's: -40 s is 40 s behind
+}
+
+func (b *Board) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	now := b.clock.Now()
+	w.Header().Set("Date", httpDate(now.Add(b.Skew)))
+	if now.Sub(epoch) < b.Closed {
+		w.Header().Set("Retry-After", httpDate(epoch.Add(b.Closed).Add(b.Skew)))
+		http.Error(w, "the price board is being rebuilt", http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintln(w, "price board: 40 rows")
+}
+
+// Stock is seed 002's flaky.nimbu.test/stock: it serves 5 requests in each
+// whole second and answers the rest 503, without Retry-After, because an
+// overloaded host cannot know when it will recover.
+type Stock struct {
+	clock     *Clock
+	PerSecond int
+	mu        sync.Mutex
+	seen      map[int64]int
+}
+
+func (s *Stock) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	now := s.clock.Now()
+	w.Header().Set("Date", httpDate(now))
+	s.mu.Lock()
+	if s.seen == nil {
+		s.seen = make(map[int64]int)
+	}
+	s.seen[now.Unix()]++
+	busy := s.seen[now.Unix()] > s.PerSecond
+	s.mu.Unlock()
+	if busy {
+		http.Error(w, "too busy", http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintf(w, "stock of item %s: 12\n", r.URL.Query().Get("item"))
+}
+
+// Outage is seed 002's flaky.nimbu.test/catalogue while the host is down:
+// 503 to everything, without Retry-After.
+type Outage struct{ clock *Clock }
+
+func (o *Outage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Date", httpDate(o.clock.Now()))
+	http.Error(w, "the catalogue is down", http.StatusServiceUnavailable)
+}
+
+// Forbidden is seed 000's stub: 403, Retry-After: 0, an empty body.
+type Forbidden struct{}
+
+func (Forbidden) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Server", "Varnish")
+	w.Header().Set("Retry-After", "0")
+	w.Header().Set("Content-Length", "0")
+	w.WriteHeader(http.StatusForbidden)
+}
+
+// Blip is seed 000's other case: a transient 503 that says Retry-After:
+// 86400, then 200 once the blip is over.
+type Blip struct {
+	clock *Clock
+	For   time.Duration
+}
+
+func (b *Blip) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if b.clock.Since() < b.For {
+		w.Header().Set("Retry-After", "86400")
+		http.Error(w, "try again tomorrow", http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}

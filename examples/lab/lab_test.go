@@ -1,0 +1,189 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/retryhttp/retryhttp"
+)
+
+// The lab's figures are deterministic, so the retryhttp figures are checked
+// exactly: a change in them is a change in the library's behaviour, to be
+// looked at and then copied here. Times are checked as the table prints
+// them. The naive figures are checked against the seeds.
+
+type want struct {
+	requests, refused, served int
+	done                      string // as secs or short prints it
+}
+
+func check(t *testing.T, name string, got Outcome, w want, format func(time.Duration) string) {
+	t.Helper()
+	if got.Requests != w.requests || got.Refused != w.refused || got.Served != w.served || format(got.Done) != w.done {
+		t.Errorf("%s: %d sent, %d refused, %d served, done at %s; want %d, %d, %d, %s",
+			name, got.Requests, got.Refused, got.Served, format(got.Done),
+			w.requests, w.refused, w.served, w.done)
+	}
+}
+
+func TestPages(t *testing.T) {
+	check(t, "naive, ask again at once", PagesNaive(false), want{301, 281, 20, "15.1 s"}, secs)
+	check(t, "naive, obey Retry-After", PagesNaive(true), want{34, 14, 20, "15.7 s"}, secs)
+	check(t, "retryhttp, unpaced", PagesRetryhttp(false), want{34, 14, 20, "15.7 s"}, secs)
+	paced := PagesRetryhttp(true)
+	check(t, "retryhttp, WithPace(0.9, 3)", paced, want{20, 0, 20, "18.9 s"}, secs)
+	if paced.Done > 19*time.Second {
+		t.Errorf("paced run done at %v, want by 18.9 s", paced.Done)
+	}
+}
+
+func TestBoard(t *testing.T) {
+	check(t, "naive, local clock", BoardNaive(), want{41, 40, 1, "91.0 s"}, secs)
+	check(t, "retryhttp, Date header", BoardRetryhttp(boardOptions...), want{2, 1, 1, "90.1 s"}, secs)
+	// With the default max of 60 s, the 90 s wait is not slept through.
+	check(t, "retryhttp, defaults", BoardRetryhttp(), want{1, 1, 0, "0.1 s"}, secs)
+}
+
+func TestCollectors(t *testing.T) {
+	fixed := CollectorsNaive(Fixed)
+	check(t, "naive, fixed 1 s", fixed, want{275, 225, 50, "9.5 s"}, secs)
+	exp := CollectorsNaive(Exponential)
+	check(t, "naive, exponential", exp, want{275, 225, 50, "180.5 s"}, secs)
+	for _, o := range []Outcome{fixed, exp} {
+		if o.Burst != 45 {
+			t.Errorf("naive burst %d, want waves of 45", o.Burst)
+		}
+	}
+
+	jitter := CollectorsRetryhttp(collectorsOptions...)
+	check(t, "retryhttp, default backoff", jitter, want{240, 190, 50, "33.4 s"}, secs)
+	seedish := CollectorsRetryhttp(collectorsSeedOptions...)
+	check(t, "retryhttp, WithBackoff(2s, 30s)", seedish, want{165, 115, 50, "22.3 s"}, secs)
+	for _, o := range []Outcome{jitter, seedish} {
+		if o.Requests >= fixed.Requests {
+			t.Errorf("full jitter sent %d, want fewer than fixed's %d", o.Requests, fixed.Requests)
+		}
+		if o.Burst > 2 {
+			t.Errorf("full jitter's largest burst is %d, want no waves", o.Burst)
+		}
+	}
+	if seedish.Done >= exp.Done/4 {
+		t.Errorf("full jitter served all at %v, want far sooner than exponential's %v", seedish.Done, exp.Done)
+	}
+}
+
+func TestOutage(t *testing.T) {
+	check(t, "naive", OutageNaive(), want{300, 300, 0, "215.0 s"}, secs)
+	if got := OutageRetryhttp(nil).Requests; got != 300 {
+		t.Errorf("retryhttp without budget sent %d, want 300", got)
+	}
+	budgeted := OutageRetryhttp(retryhttp.NewBudget(0.1, 0))
+	if budgeted.Requests < 105 || budgeted.Requests > 115 {
+		t.Errorf("retryhttp with a 10 %% budget sent %d, want about 110", budgeted.Requests)
+	}
+	check(t, "retryhttp, NewBudget(0.1, 0)", budgeted, want{110, 110, 0, "8.6 s"}, secs)
+	if got := OutageRetryhttp(retryhttp.NewBudget(0.1, 1)).Requests; got != 130 {
+		t.Errorf("retryhttp with the default budget sent %d, want 130", got)
+	}
+}
+
+func TestRetryAfterZero(t *testing.T) {
+	check(t, "naive", ForbiddenNaive(), want{5, 5, 0, "5 ms"}, short)
+	floored := ForbiddenRetryhttp()
+	check(t, "retryhttp", floored, want{5, 5, 0, "4.005 s"}, short)
+	if floored.Done <= 4*time.Second {
+		t.Errorf("five tries took %v, want over 4 s", floored.Done)
+	}
+}
+
+func TestRetryAfterADay(t *testing.T) {
+	naive := BlipNaive()
+	check(t, "naive", naive, want{2, 1, 1, "24.0 h"}, short)
+	parked := BlipRetryhttp()
+	check(t, "retryhttp", parked, want{1, 1, 0, "1 ms"}, short)
+	var paused *retryhttp.HostPausedError
+	if !errors.Is(parked.Second, retryhttp.ErrHostPaused) || !errors.As(parked.Second, &paused) {
+		t.Fatalf("second request: %v, want ErrHostPaused", parked.Second)
+	}
+	if want := epoch.Add(time.Millisecond).Add(retryhttp.MaxParking); !paused.Until.Equal(want) {
+		t.Errorf("parked until %v, want %v (MaxParking after the answer)", paused.Until, want)
+	}
+}
+
+func TestRunIsDeterministic(t *testing.T) {
+	var first, second bytes.Buffer
+	if err := run(&first); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(&second); err != nil {
+		t.Fatal(err)
+	}
+	if first.String() != second.String() {
+		t.Fatalf("two runs differ:\n%s\n---\n%s", first.String(), second.String())
+	}
+	out := first.String()
+	if n := strings.Count(out, "| # | scenario"); n != 1 {
+		t.Errorf("%d table headers, want one table", n)
+	}
+	if n := strings.Count(out, "\n| ") - 2; n != 8 {
+		t.Errorf("%d table rows, want 8", n)
+	}
+	for _, s := range []string{"301 sent, 281 refused", "20 sent, 0 refused, done at 18.9 s", "ErrHostPaused"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("output lacks %q:\n%s", s, out)
+		}
+	}
+}
+
+func TestClockOrder(t *testing.T) {
+	c := NewClock()
+	var order []string
+	step := func(name string, d time.Duration) func() {
+		return func() {
+			c.Sleep(context.Background(), d)
+			order = append(order, name+"@"+c.Since().String())
+		}
+	}
+	c.Run(step("a", 2*time.Second), step("b", time.Second), step("c", 2*time.Second), step("d", 0))
+	got := strings.Join(order, " ")
+	if want := "d@0s b@1s a@2s c@2s"; got != want {
+		t.Errorf("woke in order %q, want %q", got, want)
+	}
+}
+
+func TestClockCancel(t *testing.T) {
+	c := NewClock()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := (NewClock()).Sleep(ctx, 0); err != nil {
+		t.Fatalf("Sleep(0) = %v", err)
+	}
+	var err error
+	var at time.Duration
+	c.Run(func() {
+		err = c.Sleep(ctx, time.Hour)
+		at = c.Since()
+	}, func() {
+		cancel()
+		// Hold the turn until the sleeper has asked to be woken now.
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			c.mu.Lock()
+			requeued := c.queue.Len() == 1 && c.queue[0].at.Equal(c.now)
+			c.mu.Unlock()
+			if requeued {
+				break
+			}
+		}
+		c.Sleep(context.Background(), time.Second)
+	})
+	if !errors.Is(err, context.Canceled) || at != 0 {
+		t.Errorf("cancelled Sleep returned %v at %v, want context.Canceled at 0s", err, at)
+	}
+	if err := c.Sleep(ctx, time.Second); !errors.Is(err, context.Canceled) {
+		t.Errorf("Sleep with a done context = %v, want context.Canceled", err)
+	}
+}

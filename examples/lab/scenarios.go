@@ -1,0 +1,445 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/retryhttp/retryhttp"
+)
+
+// Every scenario builds a fresh clock, network and hosts, runs its
+// collectors as participants of the clock, and reports what the host saw.
+// The naive loops use a plain http.Client over the same network; the
+// retryhttp runs put retryhttp.Transport in front of it with WithBase, and
+// share the clock with WithClock.
+
+// Outcome is what one run of a scenario cost and achieved.
+type Outcome struct {
+	Requests int           // requests the host answered
+	Refused  int           // of which were refused (429, 503 or 403)
+	Served   int           // pages or collectors that got their 200
+	Done     time.Duration // virtual time when the last collector finished
+	Burst    int           // the most requests that arrived at one instant after the start
+	// Second is what a second request to the host got right after the
+	// first gave up, in the Retry-After: 86400 scenario.
+	Second error
+}
+
+// world is one scenario's clock and network.
+type world struct {
+	clock *Clock
+	net   *Network
+}
+
+func newWorld() *world {
+	c := NewClock()
+	return &world{clock: c, net: NewNetwork(c)}
+}
+
+// naiveClient is what a hand-written loop uses: net/http, nothing else.
+func (w *world) naiveClient() *http.Client { return &http.Client{Transport: w.net} }
+
+// retryClient is an http.Client whose Transport is retryhttp's, over the
+// lab's network and clock, with seeded jitter; opts come after those.
+func (w *world) retryClient(opts ...retryhttp.Option) *http.Client {
+	all := append([]retryhttp.Option{
+		retryhttp.WithBase(w.net),
+		retryhttp.WithClock(w.clock),
+		retryhttp.WithRand(seededRand(2)),
+	}, opts...)
+	return retryhttp.NewClient(all...)
+}
+
+// seededRand is a source of jitter that draws the same numbers on every
+// run. The lab's clock runs one collector at a time, in a fixed order, so
+// the draws also go to the same retries every time.
+func seededRand(seed uint64) func() float64 {
+	var mu sync.Mutex
+	r := rand.New(rand.NewPCG(seed, 0x5eed))
+	return func() float64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return r.Float64()
+	}
+}
+
+// get sends a GET and returns the status and headers, the body read and
+// closed; a transport error is returned as it is.
+func get(client *http.Client, url string) (int, http.Header, error) {
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, url, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header, nil
+}
+
+// mustGet is get for the lab's network, where a transport error is a bug
+// in the lab.
+func mustGet(client *http.Client, url string) (int, http.Header) {
+	status, h, err := get(client, url)
+	if err != nil {
+		panic(err)
+	}
+	return status, h
+}
+
+// sleep is a naive loop's time.Sleep, on the lab's clock.
+func (w *world) sleep(d time.Duration) { w.clock.Sleep(context.Background(), d) }
+
+// ---- 20 pages from a token bucket of 5, then 1 a second (seed 002) ----
+
+const priceHost = "bazaar.nimbu.test"
+
+func pageURL(page int) string {
+	return "http://" + priceHost + "/api/v1/prices?page=" + strconv.Itoa(page)
+}
+
+// PagesNaive fetches the 20 pages one after another, each until it arrives:
+// asking again at once after a refusal, or sleeping what Retry-After says.
+func PagesNaive(obeyRetryAfter bool) Outcome {
+	w := newWorld()
+	host := w.net.Add(priceHost, shopLatency, NewPriceAPI(w.clock))
+	client := w.naiveClient()
+	var out Outcome
+	w.clock.Run(func() {
+		for page := 1; page <= 20; page++ {
+			for {
+				status, h := mustGet(client, pageURL(page))
+				if status == http.StatusOK {
+					out.Served++
+					break
+				}
+				if obeyRetryAfter {
+					secs, _ := strconv.Atoi(h.Get("Retry-After"))
+					w.sleep(time.Duration(secs) * time.Second)
+				}
+			}
+		}
+		out.Done = w.clock.Since()
+	})
+	return out.from(host, http.StatusTooManyRequests)
+}
+
+// PagesRetryhttp fetches the 20 pages through retryhttp, one request each:
+// the Transport obeys the 429's Retry-After by itself. With paced, it also
+// keeps to a bucket of its own, 3 at once then 0.9 a second, below the
+// host's limit.
+func PagesRetryhttp(paced bool) Outcome {
+	w := newWorld()
+	host := w.net.Add(priceHost, shopLatency, NewPriceAPI(w.clock))
+	opts := pagesOptions
+	if paced {
+		opts = pagesPacedOptions
+	}
+	client := w.retryClient(opts...)
+	var out Outcome
+	w.clock.Run(func() {
+		for page := 1; page <= 20; page++ {
+			if status, _ := mustGet(client, pageURL(page)); status == http.StatusOK {
+				out.Served++
+			}
+		}
+		out.Done = w.clock.Since()
+	})
+	return out.from(host, http.StatusTooManyRequests)
+}
+
+// Enough tries that every page arrives, and no budget: these runs are about
+// pacing and Retry-After, not about capping retries.
+var (
+	pagesOptions      = []retryhttp.Option{retryhttp.WithMaxAttempts(50), retryhttp.WithBudget(nil)}
+	pagesPacedOptions = append([]retryhttp.Option{retryhttp.WithPace(0.9, 3)}, pagesOptions...)
+)
+
+// ---- a board closed for 90 s, its clock 40 s behind (seed 002) ----
+
+const flakyHost = "flaky.nimbu.test"
+
+func (w *world) addBoard() *Host {
+	return w.net.Add(flakyHost, shopLatency, &Board{clock: w.clock, Closed: 90 * time.Second, Skew: -40 * time.Second})
+}
+
+// BoardNaive waits for the board counting the Retry-After date from its own
+// clock, never less than a second.
+func BoardNaive() Outcome {
+	w := newWorld()
+	host := w.addBoard()
+	client := w.naiveClient()
+	var out Outcome
+	w.clock.Run(func() {
+		for {
+			status, h := mustGet(client, "http://"+flakyHost+"/board")
+			if status == http.StatusOK {
+				out.Served++
+				break
+			}
+			when, err := http.ParseTime(h.Get("Retry-After"))
+			if err != nil {
+				panic(err)
+			}
+			w.sleep(max(time.Second, when.Sub(w.clock.Now())))
+		}
+		out.Done = w.clock.Since()
+	})
+	return out.from(host, http.StatusServiceUnavailable)
+}
+
+// BoardRetryhttp waits for the board through retryhttp, which counts the
+// date from the answer's Date header. The wait is 90 s, beyond the default
+// max of 60 s, so the lab passes boardOptions, which raise the max to 2
+// minutes: with the default, retryhttp returns the 503 at once and parks
+// the host instead.
+func BoardRetryhttp(opts ...retryhttp.Option) Outcome {
+	w := newWorld()
+	host := w.addBoard()
+	client := w.retryClient(opts...)
+	var out Outcome
+	w.clock.Run(func() {
+		if status, _ := mustGet(client, "http://"+flakyHost+"/board"); status == http.StatusOK {
+			out.Served++
+		}
+		out.Done = w.clock.Since()
+	})
+	return out.from(host, http.StatusServiceUnavailable)
+}
+
+var boardOptions = []retryhttp.Option{retryhttp.WithRetryAfterLimits(time.Second, 2*time.Minute)}
+
+// ---- 50 collectors against a host that serves 5 a second (seed 002) ----
+
+const collectors = 50
+
+func (w *world) addStock() *Host {
+	return w.net.Add(flakyHost, shopLatency, &Stock{clock: w.clock, PerSecond: 5})
+}
+
+func stockURL(item int) string {
+	return "http://" + flakyHost + "/stock?item=" + strconv.Itoa(item)
+}
+
+// Fixed waits a second after every failure.
+func Fixed(failures int) time.Duration { return time.Second }
+
+// Exponential waits 2, 4, 8, 16, 30, 30 ... seconds: no jitter.
+func Exponential(failures int) time.Duration {
+	return min(30*time.Second, 2*time.Second<<min(failures-1, 5))
+}
+
+// CollectorsNaive runs 50 collectors that each retry until they get their
+// item, waiting wait(failures) after each 503.
+func CollectorsNaive(wait func(failures int) time.Duration) Outcome {
+	w := newWorld()
+	host := w.addStock()
+	client := w.naiveClient()
+	var out Outcome
+	var mu sync.Mutex
+	for item := range collectors {
+		w.clock.Go(func() {
+			for failures := 0; ; {
+				status, _ := mustGet(client, stockURL(item))
+				if status == http.StatusOK {
+					mu.Lock()
+					out.Served++
+					out.Done = max(out.Done, w.clock.Since())
+					mu.Unlock()
+					return
+				}
+				failures++
+				w.sleep(wait(failures))
+			}
+		})
+	}
+	w.clock.Run()
+	return out.from(host, http.StatusServiceUnavailable)
+}
+
+// CollectorsRetryhttp runs 50 collectors that each send one request through
+// one shared retryhttp Transport, which retries the 503s with full-jitter
+// backoff.
+func CollectorsRetryhttp(opts ...retryhttp.Option) Outcome {
+	w := newWorld()
+	host := w.addStock()
+	client := w.retryClient(opts...)
+	var out Outcome
+	var mu sync.Mutex
+	for item := range collectors {
+		w.clock.Go(func() {
+			status, _ := mustGet(client, stockURL(item))
+			mu.Lock()
+			defer mu.Unlock()
+			if status == http.StatusOK {
+				out.Served++
+				out.Done = max(out.Done, w.clock.Since())
+			}
+		})
+	}
+	w.clock.Run()
+	return out.from(host, http.StatusServiceUnavailable)
+}
+
+// Enough tries that every collector is served, and no budget: 50 first
+// tries at 10 % would allow only a handful of retries, and this run is
+// about the shape of the backoff.
+var (
+	collectorsOptions     = []retryhttp.Option{retryhttp.WithMaxAttempts(20), retryhttp.WithBudget(nil)}
+	collectorsSeedOptions = append([]retryhttp.Option{retryhttp.WithBackoff(2*time.Second, 30*time.Second)}, collectorsOptions...)
+)
+
+// ---- an outage: 100 pages, 3 tries each (seed 002) ----
+
+const pages = 100
+
+func catalogueURL(page int) string {
+	return "http://" + flakyHost + "/catalogue?page=" + strconv.Itoa(page)
+}
+
+// OutageNaive fetches 100 pages from a host that is down, 3 tries a page, a
+// second apart.
+func OutageNaive() Outcome {
+	w := newWorld()
+	host := w.net.Add(flakyHost, shopLatency, &Outage{clock: w.clock})
+	client := w.naiveClient()
+	var out Outcome
+	w.clock.Run(func() {
+		for page := 1; page <= pages; page++ {
+			for try := 1; try <= 3; try++ {
+				if status, _ := mustGet(client, catalogueURL(page)); status == http.StatusOK {
+					out.Served++
+					break
+				}
+				if try < 3 {
+					w.sleep(time.Second)
+				}
+			}
+		}
+		out.Done = w.clock.Since()
+	})
+	return out.from(host, http.StatusServiceUnavailable)
+}
+
+// OutageRetryhttp fetches the 100 pages through retryhttp with 3 tries a
+// page (the default) and the given budget (nil: none).
+func OutageRetryhttp(budget *retryhttp.Budget) Outcome {
+	w := newWorld()
+	host := w.net.Add(flakyHost, shopLatency, &Outage{clock: w.clock})
+	client := w.retryClient(retryhttp.WithMaxAttempts(3), retryhttp.WithBudget(budget))
+	var out Outcome
+	w.clock.Run(func() {
+		for page := 1; page <= pages; page++ {
+			if status, _ := mustGet(client, catalogueURL(page)); status == http.StatusOK {
+				out.Served++
+			}
+		}
+		out.Done = w.clock.Since()
+	})
+	return out.from(host, http.StatusServiceUnavailable)
+}
+
+// ---- Retry-After: 0 on a 403, and Retry-After: 86400 (seed 000) ----
+
+const stubHost = "127.0.0.1:8080"
+
+// ForbiddenNaive is seed 000's naive_retry: it sleeps whatever Retry-After
+// says, 5 tries.
+func ForbiddenNaive() Outcome {
+	w := newWorld()
+	host := w.net.Add(stubHost, loopbackLatency, Forbidden{})
+	client := w.naiveClient()
+	var out Outcome
+	w.clock.Run(func() {
+		for range 5 {
+			status, h := mustGet(client, "http://"+stubHost+"/")
+			if status == http.StatusOK {
+				out.Served++
+				break
+			}
+			secs, _ := strconv.Atoi(h.Get("Retry-After"))
+			w.sleep(time.Duration(secs) * time.Second)
+		}
+		out.Done = w.clock.Since()
+	})
+	return out.from(host, http.StatusForbidden)
+}
+
+// ForbiddenRetryhttp sends the same request through retryhttp told to retry
+// 403 (it does not by default) with 5 tries: the 1 s floor applies.
+func ForbiddenRetryhttp() Outcome {
+	w := newWorld()
+	host := w.net.Add(stubHost, loopbackLatency, Forbidden{})
+	client := w.retryClient(forbiddenOptions...)
+	var out Outcome
+	w.clock.Run(func() {
+		if status, _ := mustGet(client, "http://"+stubHost+"/"); status == http.StatusOK {
+			out.Served++
+		}
+		out.Done = w.clock.Since()
+	})
+	return out.from(host, http.StatusForbidden)
+}
+
+var forbiddenOptions = []retryhttp.Option{retryhttp.WithRetryStatuses(http.StatusForbidden), retryhttp.WithMaxAttempts(5)}
+
+// blipLength is how long the 503s that say "Retry-After: 86400" last.
+const blipLength = 5 * time.Second
+
+// BlipNaive trusts Retry-After: 86400 and sleeps a day before asking again.
+func BlipNaive() Outcome {
+	w := newWorld()
+	host := w.net.Add(stubHost, loopbackLatency, &Blip{clock: w.clock, For: blipLength})
+	client := w.naiveClient()
+	var out Outcome
+	w.clock.Run(func() {
+		for {
+			status, h := mustGet(client, "http://"+stubHost+"/")
+			if status == http.StatusOK {
+				out.Served++
+				break
+			}
+			secs, _ := strconv.Atoi(h.Get("Retry-After"))
+			w.sleep(time.Duration(secs) * time.Second)
+		}
+		out.Done = w.clock.Since()
+	})
+	return out.from(host, http.StatusServiceUnavailable)
+}
+
+// BlipRetryhttp sends the request through retryhttp with its defaults: the
+// wait is beyond the 60 s max, so it returns the 503 at once and parks the
+// host; a second request right after fails fast with ErrHostPaused.
+func BlipRetryhttp() Outcome {
+	w := newWorld()
+	host := w.net.Add(stubHost, loopbackLatency, &Blip{clock: w.clock, For: blipLength})
+	client := w.retryClient()
+	var out Outcome
+	w.clock.Run(func() {
+		if status, _ := mustGet(client, "http://"+stubHost+"/"); status == http.StatusOK {
+			out.Served++
+		}
+		out.Done = w.clock.Since()
+		_, _, out.Second = get(client, "http://"+stubHost+"/")
+		if out.Second == nil {
+			out.Second = errors.New("the second request was sent")
+		}
+	})
+	return out.from(host, http.StatusServiceUnavailable)
+}
+
+// from fills in what the host's log says.
+func (o Outcome) from(h *Host, refusal int) Outcome {
+	o.Requests = h.Log.Requests()
+	o.Refused = h.Log.Count(refusal)
+	o.Burst = h.Log.LargestBurst()
+	return o
+}

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/retryhttp/retryhttp"
+)
+
+// Row is one line of the lab's table, and the note that says how it was run.
+type Row struct {
+	Scenario, Naive, Retry, Seed string
+	How                          string
+}
+
+// Rows runs every scenario and returns the table's rows.
+func Rows() []Row {
+	var rows []Row
+
+	atOnce, paced := PagesNaive(false), PagesRetryhttp(true)
+	rows = append(rows, Row{
+		Scenario: "20 pages, host allows 5 at once then 1/s",
+		Naive:    sent(atOnce) + ", " + doneAt(atOnce),
+		Retry:    sent(paced) + ", " + doneAt(paced),
+		Seed:     "301 (281 refused) → 20, 0 refused, 18.9 s",
+		How: "naive asks again at once after each 429; retryhttp paces itself below the host: " +
+			"WithPace(0.9, 3), WithMaxAttempts(50), WithBudget(nil).",
+	})
+
+	obey, obeyRH := PagesNaive(true), PagesRetryhttp(false)
+	rows = append(rows, Row{
+		Scenario: "the same 20 pages, obeying Retry-After",
+		Naive:    sent(obey) + ", " + doneAt(obey),
+		Retry:    sent(obeyRH) + ", " + doneAt(obeyRH),
+		Seed:     "34 (14 refused), 15.7 s",
+		How: "naive sleeps the 429's Retry-After; retryhttp, unpaced, obeys it by itself " +
+			"(1 s floor, host parked meanwhile): WithMaxAttempts(50), WithBudget(nil).",
+	})
+
+	board, boardRH := BoardNaive(), BoardRetryhttp(boardOptions...)
+	rows = append(rows, Row{
+		Scenario: "board closed 90 s, Retry-After a date, server clock 40 s behind",
+		Naive:    fmt.Sprintf("%d sent, open at %s", board.Requests, secs(board.Done)),
+		Retry:    fmt.Sprintf("%d sent, open at %s", boardRH.Requests, secs(boardRH.Done)),
+		Seed:     "41, open at 91.0 s → 2, open at 90.1 s",
+		How: "naive counts the date from its own clock, at least 1 s; retryhttp counts it from the answer's " +
+			"Date header: WithRetryAfterLimits(1s, 2m), since 90 s is over the default max of 60 s " +
+			"(with the default it returns the 503 at once and parks the host).",
+	})
+
+	fixed, jitter := CollectorsNaive(Fixed), CollectorsRetryhttp(collectorsOptions...)
+	rows = append(rows, Row{
+		Scenario: "50 collectors, host serves 5/s, 503 without Retry-After",
+		Naive:    served(fixed),
+		Retry:    served(jitter),
+		Seed:     "275, 9.5 s → full jitter 168, 19.5 s",
+		How: "naive waits 1 s after each 503; retryhttp uses its default backoff, full jitter with base " +
+			"500 ms and max 30 s, one Transport for the 50: WithMaxAttempts(20), WithBudget(nil). " +
+			"A burst is the most requests that reached the host at one instant after the start.",
+	})
+
+	exp, jitter2 := CollectorsNaive(Exponential), CollectorsRetryhttp(collectorsSeedOptions...)
+	rows = append(rows, Row{
+		Scenario: "the same, with the seed's base 2 s and cap 30 s",
+		Naive:    served(exp),
+		Retry:    served(jitter2),
+		Seed:     "275 in waves, 180.5 s → 168, 19.5 s",
+		How: "naive waits 2, 4, 8, 16, 30, 30 ... s, no jitter; retryhttp draws each wait from " +
+			"the same windows: WithBackoff(2s, 30s), WithMaxAttempts(20), WithBudget(nil).",
+	})
+
+	outage, budgeted := OutageNaive(), OutageRetryhttp(retryhttp.NewBudget(0.1, 0))
+	unbudgeted, defaultBudget := OutageRetryhttp(nil), OutageRetryhttp(retryhttp.NewBudget(0.1, 1))
+	rows = append(rows, Row{
+		Scenario: "outage: 100 pages, 503 to everything, 3 tries each",
+		Naive:    fmt.Sprintf("%d sent", outage.Requests),
+		Retry:    fmt.Sprintf("%d sent", budgeted.Requests),
+		Seed:     "300 → with a 10 % budget, 110",
+		How: fmt.Sprintf("naive tries each page 3 times, 1 s apart; retryhttp: WithMaxAttempts(3), "+
+			"WithBudget(NewBudget(0.1, 0)). Without a budget it sends %d; with the default, "+
+			"NewBudget(0.1, 1), %d.", unbudgeted.Requests, defaultBudget.Requests),
+	})
+
+	zero, floored := ForbiddenNaive(), ForbiddenRetryhttp()
+	rows = append(rows, Row{
+		Scenario: "seed 000: 403 with Retry-After: 0, 5 tries",
+		Naive:    fmt.Sprintf("%d sent in %s", zero.Requests, short(zero.Done)),
+		Retry:    fmt.Sprintf("%d sent in %s", floored.Requests, short(floored.Done)),
+		Seed:     "5 in 1.3-15 ms → with a 1 s floor, 5 in 5.025 s",
+		How: "naive sleeps whatever Retry-After says; retryhttp: WithRetryStatuses(403), " +
+			"WithMaxAttempts(5), and its default 1 s floor. The stub is on loopback: 1 ms a request.",
+	})
+
+	day, parked := BlipNaive(), BlipRetryhttp()
+	rows = append(rows, Row{
+		Scenario: "seed 000: 503 with Retry-After: 86400",
+		Naive:    fmt.Sprintf("%d sent, done after %s", day.Requests, short(day.Done)),
+		Retry:    fmt.Sprintf("%d sent, 503 back in %s; next: %s", parked.Requests, short(parked.Done), pausedOrNot(parked.Second)),
+		Seed:     "a worker that sleeps for a day",
+		How: "naive sleeps whatever Retry-After says (the 503s last 5 s); retryhttp, defaults: " +
+			"86400 s is over the 60 s max, so it returns the 503 at once and parks the host " +
+			"(for MaxParking, 1 h, at most), and the next request fails fast.",
+	})
+	return rows
+}
+
+// WriteTable writes rows as one Markdown table, its columns aligned, and
+// then the note of each row.
+func WriteTable(w io.Writer, rows []Row) error {
+	header := []string{"#", "scenario", "naive loop", "retryhttp", "the seed's figure"}
+	cells := [][]string{header}
+	for i, r := range rows {
+		cells = append(cells, []string{fmt.Sprint(i + 1), r.Scenario, r.Naive, r.Retry, r.Seed})
+	}
+	width := make([]int, len(header))
+	for _, line := range cells {
+		for i, c := range line {
+			width[i] = max(width[i], utf8.RuneCountInString(c))
+		}
+	}
+	var b strings.Builder
+	for n, line := range cells {
+		writeLine(&b, line, width)
+		if n == 0 {
+			rule := make([]string, len(width))
+			for i, wd := range width {
+				rule[i] = strings.Repeat("-", wd)
+			}
+			writeLine(&b, rule, width)
+		}
+	}
+	b.WriteString("\nHow each row is run:\n")
+	for i, r := range rows {
+		fmt.Fprintf(&b, "%d. %s\n", i+1, r.How)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func writeLine(b *strings.Builder, cells []string, width []int) {
+	for i, c := range cells {
+		b.WriteString("| ")
+		b.WriteString(c)
+		b.WriteString(strings.Repeat(" ", width[i]-utf8.RuneCountInString(c)+1))
+	}
+	b.WriteString("|\n")
+}
+
+func sent(o Outcome) string { return fmt.Sprintf("%d sent, %d refused", o.Requests, o.Refused) }
+
+func doneAt(o Outcome) string { return "done at " + secs(o.Done) }
+
+func served(o Outcome) string {
+	all := "all served"
+	if o.Served != collectors {
+		all = fmt.Sprintf("%d of %d served", o.Served, collectors)
+	}
+	return fmt.Sprintf("%d sent, bursts of %d, %s at %s", o.Requests, o.Burst, all, secs(o.Done))
+}
+
+// secs is a duration in seconds with one decimal, as the seed prints them.
+func secs(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
+
+// short is a duration to the millisecond, in the unit that reads best.
+func short(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return fmt.Sprintf("%d ms", d.Milliseconds())
+	case d < time.Hour:
+		return fmt.Sprintf("%.3f s", d.Seconds())
+	default:
+		return fmt.Sprintf("%.1f h", d.Hours())
+	}
+}
+
+func pausedOrNot(err error) string {
+	if errors.Is(err, retryhttp.ErrHostPaused) {
+		return "ErrHostPaused"
+	}
+	return fmt.Sprint("not paused: ", err)
+}
