@@ -167,6 +167,13 @@ func firstValue(h http.Header, canonicalKey string) string {
 	return ""
 }
 
+// namesWait reports whether a response carries any header that can name a
+// wait: a cheap test, so that the success path parses nothing.
+func namesWait(h http.Header) bool {
+	return len(h["Retry-After"]) > 0 || len(h["X-Ratelimit-Remaining"]) > 0 ||
+		len(h["Ratelimit-Remaining"]) > 0 || len(h["Ratelimit"]) > 0
+}
+
 // serverWait is the wait a response names: Retry-After where it means "come
 // back later" (429, 503 and the statuses the Transport retries), else the
 // reset of a spent quota, on any response. ok is false when it names none.

@@ -32,10 +32,13 @@ type Transport struct {
 	logger                  *slog.Logger
 	rand                    func() float64
 	clock                   Clock
-	// markNested is false when the base is a plain *http.Transport, which
-	// cannot lead to another retryhttp.Transport: the context mark that keeps
-	// nested Transports from retrying twice is then not needed.
+	// markNested is set when the base may lead to another Transport of
+	// ours: the request's context is then marked so that the inner one
+	// makes one attempt and leaves the retries to this one.
 	markNested bool
+	// inner is the base when it is a Transport of ours: it is called
+	// directly for one attempt, with no mark needed.
+	inner *Transport
 }
 
 // New returns a Transport configured by opts; without options it retries
@@ -69,8 +72,16 @@ func New(opts ...Option) *Transport {
 	if t.base == nil {
 		t.base = cleanhttp.DefaultPooledTransport()
 	}
-	_, plain := t.base.(*http.Transport)
-	t.markNested = !plain
+	// A base that is a plain *http.Transport cannot lead to another
+	// Transport of ours, and one that is ours is called directly for a
+	// single attempt; only an unknown base needs the context mark.
+	switch b := t.base.(type) {
+	case *http.Transport:
+	case *Transport:
+		t.inner = b
+	default:
+		t.markNested = true
+	}
 	if t.maxAttempts < 1 {
 		t.maxAttempts = DefaultMaxAttempts
 	}
@@ -144,12 +155,20 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // and parks like any, and leaves the retries and the budget to the outer.
 func (t *Transport) roundTripOnce(req *http.Request) (*http.Response, error) {
 	host := hostKey(req.URL)
-	if err := t.admit(req.Context(), host); err != nil {
+	if err := t.admit(req.Context(), host, t.clock.Now()); err != nil {
 		closeBody(req)
 		return nil, err
 	}
-	resp, err := t.base.RoundTrip(req)
-	if resp != nil {
+	var (
+		resp *http.Response
+		err  error
+	)
+	if t.inner != nil {
+		resp, err = t.inner.roundTripOnce(req)
+	} else {
+		resp, err = t.base.RoundTrip(req)
+	}
+	if resp != nil && namesWait(resp.Header) {
 		now := t.clock.Now()
 		if w, ok := t.serverWait(resp, now); ok {
 			t.park(req.Context(), host, now, max(w, t.raFloor))
@@ -173,7 +192,7 @@ type call struct {
 func (c *call) run() (*http.Response, error) {
 	t := c.t
 	c.prepare()
-	if err := t.admit(c.ctx, c.host); err != nil {
+	if err := t.admit(c.ctx, c.host, c.start); err != nil {
 		closeBody(c.req)
 		return nil, err
 	}
@@ -194,7 +213,11 @@ func (c *call) run() (*http.Response, error) {
 		if n == 1 && t.budget != nil {
 			t.budget.recordFirst(c.start)
 		}
-		resp, err = t.base.RoundTrip(areq)
+		if t.inner != nil {
+			resp, err = t.inner.roundTripOnce(areq)
+		} else {
+			resp, err = t.base.RoundTrip(areq)
+		}
 		if err != nil && resp != nil {
 			resp.Body.Close() // a base breaking the RoundTripper contract
 			resp = nil
@@ -211,7 +234,7 @@ func (c *call) run() (*http.Response, error) {
 		if werr := t.clock.Sleep(c.ctx, delay); werr != nil {
 			return nil, c.fail(n, fmt.Errorf("retryhttp: cancelled while waiting to retry: %w", werr))
 		}
-		if aerr := t.admit(c.ctx, c.host); aerr != nil {
+		if aerr := t.admit(c.ctx, c.host, t.clock.Now()); aerr != nil {
 			return nil, c.fail(n, aerr)
 		}
 	}
@@ -265,12 +288,16 @@ func (c *call) rewind() (*http.Request, error) {
 // A refused retry is reported here, with its reason.
 func (c *call) decide(n int, resp *http.Response, err error) (time.Duration, bool) {
 	t := c.t
-	now := t.clock.Now()
 	var (
+		now        time.Time
 		serverWait time.Duration
 		named      bool
 	)
 	if resp != nil {
+		if !t.retryStatus(resp.StatusCode) && !namesWait(resp.Header) {
+			return 0, false // the success path: no clock reading, no parsing
+		}
+		now = t.clock.Now()
 		serverWait, named = t.serverWait(resp, now)
 		if named && serverWait > 0 {
 			t.park(c.ctx, c.host, now, max(serverWait, t.raFloor))
@@ -280,6 +307,8 @@ func (c *call) decide(n int, resp *http.Response, err error) (time.Duration, boo
 		}
 	} else if !transientError(c.ctx, err) {
 		return 0, false
+	} else {
+		now = t.clock.Now()
 	}
 	if t.maxAttempts == 1 || c.ctx.Err() != nil {
 		return 0, false
@@ -368,7 +397,9 @@ func drain(resp *http.Response) {
 		return
 	}
 	if resp.ContentLength < 0 || resp.ContentLength <= drainLimit {
-		io.CopyN(io.Discard, resp.Body, drainLimit)
+		// One byte past the limit, so that a body of exactly the limit is
+		// read to its EOF, which is what frees the connection.
+		io.CopyN(io.Discard, resp.Body, drainLimit+1)
 	}
 	resp.Body.Close()
 }

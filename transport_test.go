@@ -710,3 +710,39 @@ func TestSilentByDefault(t *testing.T) {
 		t.Errorf("logged without a logger: %s", logs.String())
 	}
 }
+
+// memBase answers every request 200 from memory: what the decorators add
+// to a round trip, without the network's noise.
+type memBase struct{}
+
+func (memBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody, Request: req}, nil
+}
+
+// BenchmarkRoundTrip is the success path: the bare in-memory base, and the
+// same through a Transport with the defaults, GET and POST.
+func BenchmarkRoundTrip(b *testing.B) {
+	get, _ := http.NewRequest("GET", "http://api.test/v1/x", nil)
+	post, _ := http.NewRequest("POST", "http://api.test/v1/x", strings.NewReader(strings.Repeat("x", 1024)))
+	for _, bc := range []struct {
+		name string
+		rt   http.RoundTripper
+		req  *http.Request
+	}{
+		{"GET/bare", memBase{}, get},
+		{"GET/retryhttp", New(WithBase(memBase{})), get},
+		{"GET/retryhttp-nested-mark", New(WithBase(&countingBase{base: memBase{}})), get},
+		{"POST/bare", memBase{}, post},
+		{"POST/retryhttp", New(WithBase(memBase{})), post},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, err := bc.rt.RoundTrip(bc.req)
+				if err != nil || resp.StatusCode != 200 {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
