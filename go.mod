@@ -7,4 +7,4 @@ require (
 	golang.org/x/time v0.16.0
 )
 
-require github.com/google/go-cmp v0.7.0 // indirect
+require github.com/google/go-cmp v0.7.0

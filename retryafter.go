@@ -90,7 +90,7 @@ func quotaReset(h http.Header, now time.Time) (wait time.Duration, ok bool) {
 		if secs < base/2 {
 			return time.Duration(secs) * time.Second, true
 		}
-		return max(0, time.Duration(secs-base)*time.Second), true
+		return time.Duration(min(max(0, secs-base), maxDelaySeconds)) * time.Second, true
 	}
 	return 0, false
 }

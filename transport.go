@@ -230,7 +230,7 @@ func (c *call) run() (*http.Response, error) {
 			return c.finish(n, resp, err)
 		}
 		c.report(n, resp, err, delay, "")
-		drain(resp)
+		t.drain(resp)
 		if werr := t.clock.Sleep(c.ctx, delay); werr != nil {
 			return nil, c.fail(n, fmt.Errorf("retryhttp: cancelled while waiting to retry: %w", werr))
 		}
@@ -390,13 +390,24 @@ func (c *call) refuse(n int, resp *http.Response, err error, reason string) (*ht
 // connection can be reused; a longer body costs less to drop than to read.
 const drainLimit = 64 << 10
 
+// drainTime bounds how long a retried response's body is read: a
+// connection is worth a few milliseconds, not the time a server takes to
+// trickle a body nobody will read.
+const drainTime = 50 * time.Millisecond
+
 // drain reads what is left of a retried response's body, up to drainLimit,
 // and closes it, so that a keep-alive connection goes back to the pool.
-func drain(resp *http.Response) {
+// When the base is net/http's Transport, whose bodies may be closed while a
+// read is blocked, the read is cut short after drainTime.
+func (t *Transport) drain(resp *http.Response) {
 	if resp == nil || resp.Body == nil {
 		return
 	}
 	if resp.ContentLength < 0 || resp.ContentLength <= drainLimit {
+		if _, ok := t.base.(*http.Transport); ok {
+			stop := time.AfterFunc(drainTime, func() { resp.Body.Close() })
+			defer stop.Stop()
+		}
 		// One byte past the limit, so that a body of exactly the limit is
 		// read to its EOF, which is what frees the connection.
 		io.CopyN(io.Discard, resp.Body, drainLimit+1)
