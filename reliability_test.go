@@ -35,6 +35,24 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
+// relHalfChunked answers with statusLine and a chunked body cut off in the
+// middle of its first chunk, after acting on the request.
+func relHalfChunked(statusLine string) func(*relExec, *relServer) http.HandlerFunc {
+	return func(ex *relExec, _ *relServer) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			ex.act(r)
+			conn, bw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				panic(err)
+			}
+			defer conn.Close()
+			bw.WriteString("HTTP/1.1 " + statusLine + "\r\nTransfer-Encoding: chunked\r\n\r\n400\r\n")
+			bw.WriteString(strings.Repeat("y", 100))
+			bw.Flush()
+		}
+	}
+}
+
 // ---------------------------------------------------------------------------
 // Goroutine and connection accounting.
 
@@ -514,40 +532,16 @@ func TestReliabilityFaults(t *testing.T) {
 			tries: relCounts{3, 3, 3, 1},
 		},
 		{
-			name: "half-written chunked body",
-			start: httpServer(func(ex *relExec, _ *relServer) http.HandlerFunc {
-				return func(w http.ResponseWriter, r *http.Request) {
-					ex.act(r)
-					conn, bw, err := http.NewResponseController(w).Hijack()
-					if err != nil {
-						panic(err)
-					}
-					defer conn.Close()
-					bw.WriteString("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n400\r\n")
-					bw.WriteString(strings.Repeat("y", 100))
-					bw.Flush()
-				}
-			}, relServerOpts{}),
+			name:    "half-written chunked body",
+			start:   httpServer(relHalfChunked("200 OK"), relServerOpts{}),
 			execs:   relCounts{1, 1, 1, 1},
 			tries:   relCounts{1, 1, 1, 1},
 			status:  http.StatusOK,
 			bodyErr: true,
 		},
 		{
-			name: "half-written chunked body of a 502",
-			start: httpServer(func(ex *relExec, _ *relServer) http.HandlerFunc {
-				return func(w http.ResponseWriter, r *http.Request) {
-					ex.act(r)
-					conn, bw, err := http.NewResponseController(w).Hijack()
-					if err != nil {
-						panic(err)
-					}
-					defer conn.Close()
-					bw.WriteString("HTTP/1.1 502 Bad Gateway\r\nTransfer-Encoding: chunked\r\n\r\n400\r\n")
-					bw.WriteString(strings.Repeat("y", 100))
-					bw.Flush()
-				}
-			}, relServerOpts{}),
+			name:    "half-written chunked body of a 502",
+			start:   httpServer(relHalfChunked("502 Bad Gateway"), relServerOpts{}),
 			execs:   relCounts{3, 3, 3, 1},
 			tries:   relCounts{3, 3, 3, 1},
 			status:  http.StatusBadGateway,

@@ -24,6 +24,9 @@ type RetryEvent struct {
 	Delay   time.Duration // the wait before the next try; 0 when refused
 	Status  int           // the response's status; 0 when Err is set
 	Err     error         // the transport error; nil when Status is set
+	// Key is the Idempotency-Key that WithAutoIdempotencyKey added to the
+	// request, the same on every try; empty when it added none.
+	Key string
 	// Reason is empty when a retry follows. Otherwise it says why the
 	// failure was returned as it is: "out of attempts", "retry budget
 	// spent", "not idempotent", "body cannot be rewound (no GetBody)",
@@ -84,7 +87,7 @@ func (c *call) report(n int, resp *http.Response, err error, delay time.Duration
 		status = resp.StatusCode
 	}
 	if t.onRetry != nil {
-		t.onRetry(RetryEvent{Request: c.req, Attempt: n, Delay: delay, Status: status, Err: err, Reason: reason})
+		t.onRetry(RetryEvent{Request: c.req, Attempt: n, Delay: delay, Status: status, Err: err, Key: c.key, Reason: reason})
 	}
 	if t.logger == nil {
 		return

@@ -346,7 +346,8 @@ func TestAutoIdempotencyKey(t *testing.T) {
 		host := newStub(map[string][]step{"/pay": {{status: 503}, {status: 502}, {status: 201}}})
 		net := newPipeNet(host)
 		defer net.close()
-		tr := New(WithBase(net.tr), WithAutoIdempotencyKey(), WithBudget(nil))
+		var ev events
+		tr := New(WithBase(net.tr), WithAutoIdempotencyKey(), WithBudget(nil), WithOnRetry(ev.add))
 		req, _ := http.NewRequest("POST", "http://x.test/pay", strings.NewReader("amount=10"))
 		resp, err := tr.RoundTrip(req)
 		if err != nil {
@@ -365,6 +366,11 @@ func TestAutoIdempotencyKey(t *testing.T) {
 		}
 		if _, ok := req.Header["Idempotency-Key"]; ok {
 			t.Error("the caller's request gained a key")
+		}
+		for _, e := range ev.list() {
+			if e.Key != hits[0].key {
+				t.Errorf("event key %q, want the key sent, %q", e.Key, hits[0].key)
+			}
 		}
 		// A caller's own key is kept, and GETs get none.
 		if resp, err := send(tr, "POST", "http://x.test/own", "x", map[string]string{"Idempotency-Key": "mine"}); err == nil {
