@@ -274,7 +274,11 @@ func (t *Transport) admit(ctx context.Context, host string, now time.Time) error
 			if res.Delay <= 0 {
 				return nil
 			}
-			if err := t.clock.Sleep(ctx, res.Delay); err != nil {
+			// Delay counts from now, and the limiter may have taken a
+			// while to answer (a round trip to Redis): sleep until the
+			// slot, not for Delay from here, or the attempt goes late and
+			// bunches with the next one.
+			if err := t.clock.Sleep(ctx, res.Delay-t.clock.Now().Sub(now)); err != nil {
 				if res.Cancel != nil {
 					res.Cancel(t.clock.Now())
 				}

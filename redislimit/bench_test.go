@@ -1,0 +1,113 @@
+package redislimit_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-cleanhttp"
+	"github.com/redis/go-redis/v9"
+	"github.com/retryhttp/retryhttp"
+	"github.com/retryhttp/retryhttp/redislimit"
+	"github.com/retryhttp/retryhttp/redislimit/internal/redistest"
+)
+
+// A pace no benchmark reaches: every Reserve takes a slot at once, so what
+// is measured is the cost of asking.
+var fastPace = retryhttp.Pace{Limit: 1e6, Burst: 1_000_000}
+
+// benchLimiters are the Limiters compared: Redis through a plain client
+// (each call runs aside on a goroutine, bounded by the Limiter's timeout),
+// Redis through a client with ContextTimeoutEnabled (called directly), and
+// the in-process pacer alone (what the Limiter falls back to).
+func benchLimiters(b *testing.B) map[string]*redislimit.Limiter {
+	addr := redistest.Addr(b)
+	ctxAware := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	b.Cleanup(func() { ctxAware.Close() })
+	return map[string]*redislimit.Limiter{
+		"redis":                       redislimit.New(newClient(b, addr), redislimit.WithPrefix(testPrefix(b))),
+		"redis-ContextTimeoutEnabled": redislimit.New(ctxAware, redislimit.WithPrefix(testPrefix(b))),
+		"inprocess":                   redislimit.New(nil),
+	}
+}
+
+// BenchmarkReserve is the cost of one Reserve: one EVALSHA round trip to
+// the loopback Redis, or the in-process pacer.
+func BenchmarkReserve(b *testing.B) {
+	for _, name := range []string{"redis", "redis-ContextTimeoutEnabled", "inprocess"} {
+		b.Run(name, func(b *testing.B) {
+			l := benchLimiters(b)[name]
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				res, err := l.Reserve(ctx, retryhttp.Attempt{Host: "bench.test", Pace: fastPace, Now: time.Now()})
+				if err != nil || !res.OK {
+					b.Fatalf("Reserve = %+v, %v", res, err)
+				}
+			}
+			if l.Fallback() && name != "inprocess" {
+				b.Fatal("the Limiter fell back: Redis failed during the benchmark")
+			}
+		})
+	}
+}
+
+// BenchmarkReserveParallel is Reserve from many goroutines at once, on one
+// host: Redis pipelines nothing here, each call is its own round trip.
+func BenchmarkReserveParallel(b *testing.B) {
+	for _, name := range []string{"redis", "inprocess"} {
+		b.Run(name, func(b *testing.B) {
+			l := benchLimiters(b)[name]
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := l.Reserve(ctx, retryhttp.Attempt{Host: "bench.test", Pace: fastPace, Now: time.Now()}); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkTransport is a whole GET against a loopback httptest server:
+// the bare pooled transport, retryhttp with its own in-process pacer, and
+// retryhttp with the Redis limiter. The difference to "bare" is what each
+// adds per request.
+func BenchmarkTransport(b *testing.B) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("ok"))
+	}))
+	b.Cleanup(srv.Close)
+	lims := benchLimiters(b)
+	clients := []struct {
+		name string
+		rt   http.RoundTripper
+	}{
+		{"bare", cleanhttp.DefaultPooledTransport()},
+		{"retryhttp-inprocess", retryhttp.New(retryhttp.WithPace(fastPace.Limit, fastPace.Burst))},
+		{"retryhttp-redislimit", retryhttp.New(retryhttp.WithLimiter(lims["redis"]),
+			retryhttp.WithPace(fastPace.Limit, fastPace.Burst))},
+		{"retryhttp-redislimit-ContextTimeoutEnabled", retryhttp.New(retryhttp.WithLimiter(lims["redis-ContextTimeoutEnabled"]),
+			retryhttp.WithPace(fastPace.Limit, fastPace.Burst))},
+	}
+	for _, c := range clients {
+		b.Run(c.name, func(b *testing.B) {
+			client := &http.Client{Transport: c.rt}
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, err := client.Get(srv.URL)
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+}

@@ -1,0 +1,110 @@
+package redislimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A call to Redis must end by the Limiter's timeout. A client made with
+// ContextTimeoutEnabled sees to that itself, and is called directly. Any
+// other bounds a read by its own ReadTimeout (5 s by default, or never),
+// whatever the context says: the call is made by a worker goroutine, and the
+// Limiter stops waiting for it at the deadline, leaving the worker to finish
+// it. Workers live on between calls, because a fresh goroutine per call
+// costs more than the round trip itself (its stack grows anew through
+// go-redis's call path each time); they are started when needed, at most
+// maxWorkers of them, and leave after workerIdle without work.
+const (
+	maxWorkers = 64
+	workerIdle = 10 * time.Second
+)
+
+// call is one script run handed to a worker.
+type call struct {
+	ctx  context.Context
+	s    *redis.Script
+	keys [1]string
+	args []any
+	done chan result // buffered: a worker never waits on an abandoned call
+}
+
+type result struct {
+	vals []int64
+	err  error
+}
+
+// errTimeout is returned when Redis has not answered within the timeout.
+var errTimeout = errors.New("redislimit: no answer from Redis in time")
+
+// run runs a script on key within the Limiter's timeout and returns its
+// answer, an array of integers.
+func (l *Limiter) run(ctx context.Context, s *redis.Script, key string, args ...any) ([]int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	var r result
+	if l.direct {
+		r.vals, r.err = s.Run(ctx, l.rdb, []string{key}, args...).Int64Slice()
+	} else {
+		c := &call{ctx: ctx, s: s, args: args, done: make(chan result, 1)}
+		c.keys[0] = key
+		if l.hand(ctx, c) {
+			select {
+			case r = <-c.done:
+			case <-ctx.Done():
+				r.err = ctx.Err()
+			}
+		} else {
+			r.err = ctx.Err()
+		}
+	}
+	if r.err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// Said once, whoever noticed the deadline first: the client or
+		// the Limiter.
+		r.err = fmt.Errorf("%w (%v)", errTimeout, l.timeout)
+	}
+	return r.vals, r.err
+}
+
+// hand gives c to an idle worker, or to a new one while there are fewer
+// than maxWorkers, or else to the first worker free before ctx ends. It
+// reports whether a worker took c.
+func (l *Limiter) hand(ctx context.Context, c *call) bool {
+	select {
+	case l.calls <- c:
+		return true
+	default:
+	}
+	if l.workers.Add(1) <= maxWorkers {
+		go l.work(c)
+		return true
+	}
+	l.workers.Add(-1)
+	select {
+	case l.calls <- c:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// work runs c, then the calls handed to it, until it has been idle for
+// workerIdle.
+func (l *Limiter) work(c *call) {
+	defer l.workers.Add(-1)
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		vals, err := c.s.Run(c.ctx, l.rdb, c.keys[:], c.args...).Int64Slice()
+		c.done <- result{vals, err}
+		idle.Reset(workerIdle)
+		select {
+		case c = <-l.calls:
+		case <-idle.C:
+			return
+		}
+	}
+}
