@@ -307,6 +307,13 @@ func (t *Transport) admit(ctx context.Context, host string, now time.Time) error
 	return &HostPausedError{Host: host, Until: t.clock.Now().Add(t.raMax)}
 }
 
+// admitted reports, without asking the limiter, that an attempt made at now
+// may start at once: the in-process limiter paces no host and none is
+// parked. It is the success path's admit, and needs no host name.
+func (t *Transport) admitted(now time.Time) bool {
+	return t.free != nil && now.UnixNano() >= t.free.parkedUntil.Load()
+}
+
 // paceFor returns the pace for host: its own, else the default.
 func (t *Transport) paceFor(host string) Pace {
 	if p, ok := t.hostPace[host]; ok {

@@ -95,7 +95,7 @@ func (c *call) report(n int, resp *http.Response, err error, delay time.Duration
 	attrs := make([]slog.Attr, 0, 8)
 	attrs = append(attrs,
 		slog.String("method", methodOf(c.req)),
-		slog.String("host", c.host),
+		slog.String("host", c.hostName()),
 		slog.String("path", pathOf(c.req)),
 		slog.Int("attempt", n))
 	if status != 0 {

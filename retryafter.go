@@ -167,11 +167,18 @@ func firstValue(h http.Header, canonicalKey string) string {
 	return ""
 }
 
-// namesWait reports whether a response carries any header that can name a
-// wait: a cheap test, so that the success path parses nothing.
-func namesWait(h http.Header) bool {
-	return len(h["Retry-After"]) > 0 || len(h["X-Ratelimit-Remaining"]) > 0 ||
-		len(h["Ratelimit-Remaining"]) > 0 || len(h["Ratelimit"]) > 0
+// namesWait reports whether a response carries a header from which
+// serverWait can take a wait: a cheap test, so that the success path parses
+// nothing. Retry-After counts only on the statuses where serverWait reads
+// it, so a 200 costs three lookups, not four.
+func (t *Transport) namesWait(resp *http.Response) bool {
+	h := resp.Header
+	if len(h["X-Ratelimit-Remaining"]) > 0 || len(h["Ratelimit-Remaining"]) > 0 || len(h["Ratelimit"]) > 0 {
+		return true
+	}
+	code := resp.StatusCode
+	return (t.retryStatus(code) || code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable) &&
+		len(h["Retry-After"]) > 0
 }
 
 // serverWait is the wait a response names: Retry-After where it means "come

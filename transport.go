@@ -39,6 +39,9 @@ type Transport struct {
 	// inner is the base when it is a Transport of ours: it is called
 	// directly for one attempt, with no mark needed.
 	inner *Transport
+	// free is the in-process limiter when no host is paced: an attempt is
+	// then admitted by one atomic load while nothing is parked.
+	free *localLimiter
 }
 
 // New returns a Transport configured by opts; without options it retries
@@ -119,6 +122,9 @@ func New(opts ...Option) *Transport {
 	if t.rand == nil {
 		t.rand = rand.Float64
 	}
+	if l, ok := t.limiter.(*localLimiter); ok && t.pace.Unlimited() && len(t.hostPace) == 0 {
+		t.free = l
+	}
 	return t
 }
 
@@ -140,6 +146,10 @@ func (t *Transport) CloseIdleConnections() {
 // Transport, so that Transports nested below it make one attempt each.
 type nestedKey struct{}
 
+// markedBackground is context.Background() with the nesting mark, made once:
+// a request without a context of its own is marked without an allocation.
+var markedBackground = context.WithValue(context.Background(), nestedKey{}, true)
+
 // RoundTrip sends req, retrying as the Transport's rules allow, and returns
 // the last response untouched, or a *RetryError when the last try ended in
 // an error. It never modifies req.
@@ -147,7 +157,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.Context().Value(nestedKey{}) != nil {
 		return t.roundTripOnce(req)
 	}
-	c := call{t: t, req: req, ctx: req.Context(), host: hostKey(req.URL), start: t.clock.Now()}
+	c := call{t: t, req: req, ctx: req.Context(), start: t.clock.Now()}
 	return c.run()
 }
 
@@ -168,7 +178,7 @@ func (t *Transport) roundTripOnce(req *http.Request) (*http.Response, error) {
 	} else {
 		resp, err = t.base.RoundTrip(req)
 	}
-	if resp != nil && namesWait(resp.Header) {
+	if resp != nil && t.namesWait(resp) {
 		now := t.clock.Now()
 		if w, ok := t.serverWait(resp, now); ok {
 			t.park(req.Context(), host, now, max(w, t.raFloor))
@@ -182,19 +192,30 @@ type call struct {
 	t     *Transport
 	req   *http.Request
 	ctx   context.Context // the caller's
-	host  string
+	host  string          // made by hostName when first needed
 	start time.Time
 	key   string        // WithAutoIdempotencyKey's key, made once
 	base  *http.Request // req with what every attempt shares: the key, the marks
 	trace *sendTrace    // set for requests that are not replayable
 }
 
+// hostName is the host the call goes to, made on first use: the success
+// path needs none.
+func (c *call) hostName() string {
+	if c.host == "" {
+		c.host = hostKey(c.req.URL)
+	}
+	return c.host
+}
+
 func (c *call) run() (*http.Response, error) {
 	t := c.t
 	c.prepare()
-	if err := t.admit(c.ctx, c.host, c.start); err != nil {
-		closeBody(c.req)
-		return nil, err
+	if !t.admitted(c.start) {
+		if err := t.admit(c.ctx, c.hostName(), c.start); err != nil {
+			closeBody(c.req)
+			return nil, err
+		}
 	}
 	var (
 		resp *http.Response
@@ -234,8 +255,10 @@ func (c *call) run() (*http.Response, error) {
 		if werr := t.clock.Sleep(c.ctx, delay); werr != nil {
 			return nil, c.fail(n, fmt.Errorf("retryhttp: cancelled while waiting to retry: %w", werr))
 		}
-		if aerr := t.admit(c.ctx, c.host, t.clock.Now()); aerr != nil {
-			return nil, c.fail(n, aerr)
+		if now := t.clock.Now(); !t.admitted(now) {
+			if aerr := t.admit(c.ctx, c.hostName(), now); aerr != nil {
+				return nil, c.fail(n, aerr)
+			}
 		}
 	}
 }
@@ -247,7 +270,11 @@ func (c *call) prepare() {
 	c.base = req
 	ctx := c.ctx
 	if t.markNested {
-		ctx = context.WithValue(ctx, nestedKey{}, true)
+		if ctx == context.Background() {
+			ctx = markedBackground
+		} else {
+			ctx = context.WithValue(ctx, nestedKey{}, true)
+		}
 	}
 	needKey := t.autoKey && wantsAutoKey(req)
 	if t.maxAttempts > 1 && !needKey && !replayable(req) {
@@ -294,13 +321,13 @@ func (c *call) decide(n int, resp *http.Response, err error) (time.Duration, boo
 		named      bool
 	)
 	if resp != nil {
-		if !t.retryStatus(resp.StatusCode) && !namesWait(resp.Header) {
+		if !t.retryStatus(resp.StatusCode) && !t.namesWait(resp) {
 			return 0, false // the success path: no clock reading, no parsing
 		}
 		now = t.clock.Now()
 		serverWait, named = t.serverWait(resp, now)
 		if named && serverWait > 0 {
-			t.park(c.ctx, c.host, now, max(serverWait, t.raFloor))
+			t.park(c.ctx, c.hostName(), now, max(serverWait, t.raFloor))
 		}
 		if !t.retryStatus(resp.StatusCode) {
 			return 0, false
