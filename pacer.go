@@ -26,6 +26,7 @@ type HostPausedError struct {
 	Until time.Time
 }
 
+// Error names the host and the moment it reopens.
 func (e *HostPausedError) Error() string {
 	return fmt.Sprintf("retryhttp: host %s paused until %s", e.Host, e.Until.UTC().Format(time.RFC3339))
 }

@@ -56,6 +56,8 @@ type RetryError struct {
 	Err      error
 }
 
+// Error says what was sent, how many tries over how long, and the last
+// error, without the query or user info of the URL.
 func (e *RetryError) Error() string {
 	tries := "attempts"
 	if e.Attempts == 1 {
