@@ -173,9 +173,14 @@ func (t *Transport) roundTripOnce(req *http.Request) (*http.Response, error) {
 		resp *http.Response
 		err  error
 	)
-	if t.inner != nil {
+	switch {
+	case t.inner != nil:
 		resp, err = t.inner.roundTripOnce(req)
-	} else {
+	case t.markNested && req.Context().Value(nestedKey{}) == nil:
+		// Called directly by an outer Transport, which did not mark the
+		// request: mark it now, for a Transport behind this unknown base.
+		resp, err = t.base.RoundTrip(req.WithContext(context.WithValue(req.Context(), nestedKey{}, true)))
+	default:
 		resp, err = t.base.RoundTrip(req)
 	}
 	if resp != nil && t.namesWait(resp) {

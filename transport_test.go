@@ -651,6 +651,14 @@ func TestNestedTransportsRetryOnce(t *testing.T) {
 		if got := host.count(""); got != 4 {
 			t.Errorf("%d requests reached the server, want 4", got)
 		}
+		// The same with an unknown RoundTripper between two of the layers.
+		before := host.count("")
+		wrapped := New(append(opts, WithBase(&countingBase{base: inner}))...)
+		outer2 := New(append(opts, WithBase(New(append(opts, WithBase(wrapped))...)))...)
+		get(t, outer2, "http://x.test/")
+		if got := host.count("") - before; got != 4 {
+			t.Errorf("through a wrapper: %d requests reached the server, want 4", got)
+		}
 		// The inner layers still park: a Retry-After seen below is obeyed above.
 		host.scripts["/ra"] = []step{{status: 503, headers: map[string]string{"Retry-After": "7"}}, {status: 200}}
 		start := time.Now()
