@@ -24,6 +24,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +35,22 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 )
+
+// relResetMidBody answers status with a body promised at length bytes,
+// sends the first 1000, then resets the connection, after acting on the
+// request.
+func relResetMidBody(status, length int) func(*relExec, *relServer) http.HandlerFunc {
+	return func(ex *relExec, _ *relServer) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			ex.act(r)
+			w.Header().Set("Content-Length", strconv.Itoa(length))
+			w.WriteHeader(status)
+			w.Write(bytes.Repeat([]byte("x"), 1000))
+			http.NewResponseController(w).Flush()
+			relHijackReset(w)
+		}
+	}
+}
 
 // relHalfChunked answers with statusLine and a chunked body cut off in the
 // middle of its first chunk, after acting on the request.
@@ -480,34 +497,16 @@ func TestReliabilityFaults(t *testing.T) {
 			errIs: syscall.ECONNRESET,
 		},
 		{
-			name: "reset mid-response body",
-			start: httpServer(func(ex *relExec, _ *relServer) http.HandlerFunc {
-				return func(w http.ResponseWriter, r *http.Request) {
-					ex.act(r)
-					w.Header().Set("Content-Length", "100000")
-					w.WriteHeader(http.StatusOK)
-					w.Write(bytes.Repeat([]byte("x"), 1000))
-					http.NewResponseController(w).Flush()
-					relHijackReset(w)
-				}
-			}, relServerOpts{}),
+			name:    "reset mid-response body",
+			start:   httpServer(relResetMidBody(http.StatusOK, 100000), relServerOpts{}),
 			execs:   relCounts{1, 1, 1, 1}, // a 200 is the answer, whatever its body does later
 			tries:   relCounts{1, 1, 1, 1},
 			status:  http.StatusOK,
 			bodyErr: true,
 		},
 		{
-			name: "reset mid-body of a 503",
-			start: httpServer(func(ex *relExec, _ *relServer) http.HandlerFunc {
-				return func(w http.ResponseWriter, r *http.Request) {
-					ex.act(r)
-					w.Header().Set("Content-Length", "10000")
-					w.WriteHeader(http.StatusServiceUnavailable)
-					w.Write(bytes.Repeat([]byte("x"), 1000))
-					http.NewResponseController(w).Flush()
-					relHijackReset(w)
-				}
-			}, relServerOpts{}),
+			name:    "reset mid-body of a 503",
+			start:   httpServer(relResetMidBody(http.StatusServiceUnavailable, 10000), relServerOpts{}),
 			execs:   relCounts{3, 3, 3, 1},
 			tries:   relCounts{3, 3, 3, 1},
 			status:  http.StatusServiceUnavailable,
