@@ -16,13 +16,27 @@ import (
 // first tries at 10 % allow exactly one retry, with no float rounding to
 // lose it.
 //
+// The budget is for the retries nobody asked for. What each retry costs:
+//   - after a failure that named no wait (a 5xx, a 408, a 429 or 503
+//     without Retry-After, a transport error): one retry;
+//   - after a wait the server named (Retry-After, or the reset of a spent
+//     quota), waited out and then admitted through the host's pace: nothing.
+//     The server scheduled it, the parking held every request to the host
+//     meanwhile, and the attempts still bound it;
+//   - a retry refused after it was charged (its host was parked beyond the
+//     max while it waited, its deadline came first): nothing, it is refunded.
+//
+// So an outage that answers 503 to everything stays at 110 requests per 100
+// pages, while a host that asks for a second's pause between requests is
+// not abandoned after the tenth.
+//
 // A Budget is safe for concurrent use. Recording a first try is lock free;
 // only retries, which are rare, take a lock.
 type Budget struct {
 	ratio   uint64 // retries earned per first try, in millionths
 	reserve uint64 // retries granted per window regardless, in millionths
 
-	firsts [budgetBuckets]atomic.Uint64 // (second << 32) | count
+	firsts counter
 
 	mu      sync.Mutex
 	retries [budgetBuckets]uint64 // (second << 32) | count, guarded by mu
@@ -57,29 +71,13 @@ func fixed(f float64) uint64 {
 	return uint64(math.Round(f * budgetScale))
 }
 
-// recordFirst counts a first try.
-func (b *Budget) recordFirst(now time.Time) {
-	sec := uint64(uint32(now.Unix()))
-	slot := &b.firsts[sec%budgetBuckets]
-	for {
-		old := slot.Load()
-		next := sec<<32 | 1
-		if old>>32 == sec {
-			next = old + 1
-		}
-		if slot.CompareAndSwap(old, next) {
-			return
-		}
-	}
-}
+// recordFirst counts a first try, made at now.
+func (b *Budget) recordFirst(now time.Time) { b.firsts.add(now) }
 
 // tryRetry spends one retry if the window has one to give.
 func (b *Budget) tryRetry(now time.Time) bool {
 	sec := uint64(uint32(now.Unix()))
-	var firsts uint64
-	for i := range b.firsts {
-		firsts += inWindow(b.firsts[i].Load(), sec)
-	}
+	firsts := b.firsts.sum(now)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var retries uint64
@@ -90,12 +88,78 @@ func (b *Budget) tryRetry(now time.Time) bool {
 		return false
 	}
 	slot := &b.retries[sec%budgetBuckets]
-	if *slot>>32 == sec {
+	switch {
+	case *slot>>32 == sec:
 		*slot++
-	} else {
+	case *slot>>32 < sec:
 		*slot = sec<<32 | 1
 	}
 	return true
+}
+
+// refund gives back a retry spent at now that did not happen after all.
+func (b *Budget) refund(now time.Time) {
+	sec := uint64(uint32(now.Unix()))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if slot := &b.retries[sec%budgetBuckets]; *slot>>32 == sec && *slot&math.MaxUint32 > 0 {
+		*slot--
+	}
+}
+
+// counter counts events in one-second buckets over the last ten seconds,
+// without a lock: each bucket is (second << 32) | count in one word.
+type counter [budgetBuckets]atomic.Uint64
+
+// add counts an event at now. An event of a second that has left the
+// window, which a late caller can bring, is dropped: it never overwrites a
+// bucket of a later second.
+func (c *counter) add(now time.Time) {
+	sec := uint64(uint32(now.Unix()))
+	slot := &c[sec%budgetBuckets]
+	for {
+		old := slot.Load()
+		var next uint64
+		switch {
+		case old>>32 == sec:
+			next = old + 1
+		case old>>32 < sec:
+			next = sec<<32 | 1
+		default:
+			return
+		}
+		if slot.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+// sum is the count over the ten seconds up to now.
+func (c *counter) sum(now time.Time) uint64 {
+	sec := uint64(uint32(now.Unix()))
+	var n uint64
+	for i := range c {
+		n += inWindow(c[i].Load(), sec)
+	}
+	return n
+}
+
+// lastSecond estimates the count over the second before now: this
+// second's bucket, and the part of the last one that the second still
+// covers.
+func (c *counter) lastSecond(now time.Time) float64 {
+	sec := uint64(uint32(now.Unix()))
+	cur := c[sec%budgetBuckets].Load()
+	prev := c[(sec+budgetBuckets-1)%budgetBuckets].Load()
+	n := 0.0
+	if cur>>32 == sec {
+		n += float64(cur & math.MaxUint32)
+	}
+	if prev>>32 == sec-1 {
+		frac := 1 - float64(now.Nanosecond())/1e9
+		n += frac * float64(prev&math.MaxUint32)
+	}
+	return n
 }
 
 // inWindow returns a bucket's count if it belongs to the last ten seconds.

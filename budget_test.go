@@ -99,8 +99,8 @@ func TestBudgetOutage(t *testing.T) {
 		opts []Option
 		want int
 	}{
-		{"no budget", []Option{WithBudget(nil)}, 300},
-		{"10% budget", []Option{WithBudget(NewBudget(0.1, 0))}, 110},
+		{"no budget", []Option{WithBudget(nil), WithLearning(false)}, 300},
+		{"10% budget", []Option{WithBudget(NewBudget(0.1, 0)), WithLearning(false)}, 110},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -113,7 +113,7 @@ func TestBudgetOutage(t *testing.T) {
 				net := newPipeNet(host)
 				defer net.close()
 				var ev events
-				tr := New(append([]Option{WithBase(net.tr), WithOnRetry(ev.add), fixedRand(0)}, tt.opts...)...)
+				tr := New(append([]Option{WithBase(net.tr), onEvents(ev.add), fixedRand(0)}, tt.opts...)...)
 				for i := range 100 {
 					if code, _ := get(t, tr, fmt.Sprintf("http://flaky.test/catalogue/%d", i)); code != 503 {
 						t.Fatalf("page %d: %d, want 503", i, code)
@@ -124,7 +124,7 @@ func TestBudgetOutage(t *testing.T) {
 				}
 				refused := 0
 				for _, e := range ev.list() {
-					if e.Reason == reasonBudget {
+					if e.Reason == ReasonBudget {
 						refused++
 					}
 				}

@@ -67,7 +67,8 @@ func ExampleNewClient() {
 	// Output: 200 OK
 }
 
-// OnRetry sees every retry and every refused one, with the reason.
+// OnRetry sees every retry just before it is sent; OnGiveUp sees a
+// failure handed back although it was worth a retry, with the reason.
 func ExampleWithOnRetry() {
 	srv := flaky(5, nil)
 	defer srv.Close()
@@ -75,11 +76,12 @@ func ExampleWithOnRetry() {
 	tr := retryhttp.New(
 		retryhttp.WithBackoff(time.Millisecond, 10*time.Millisecond),
 		retryhttp.WithOnRetry(func(e retryhttp.RetryEvent) {
-			if e.Reason != "" {
-				fmt.Printf("try %d: %d, not retried: %s\n", e.Attempt, e.Status, e.Reason)
-				return
-			}
 			fmt.Printf("try %d: %d, retrying\n", e.Attempt, e.Status)
+		}),
+		retryhttp.WithOnGiveUp(func(e retryhttp.RetryEvent) {
+			if e.Reason == retryhttp.ReasonAttempts {
+				fmt.Printf("try %d: %d, not retried: %s\n", e.Attempt, e.Status, e.Reason)
+			}
 		}),
 	)
 	resp, _ := (&http.Client{Transport: tr}).Get(srv.URL)
@@ -207,12 +209,10 @@ func ExampleNewBudget() {
 	var retries atomic.Int32
 	opts := []retryhttp.Option{
 		retryhttp.WithBudget(budget),
+		// Off, so that the outage is not also paced, and the example quick.
+		retryhttp.WithLearning(false),
 		retryhttp.WithBackoff(time.Millisecond, time.Millisecond),
-		retryhttp.WithOnRetry(func(e retryhttp.RetryEvent) {
-			if e.Reason == "" {
-				retries.Add(1)
-			}
-		}),
+		retryhttp.WithOnRetry(func(retryhttp.RetryEvent) { retries.Add(1) }),
 	}
 	a, b := retryhttp.NewClient(opts...), retryhttp.NewClient(opts...)
 	for i := range 20 {

@@ -4,7 +4,7 @@ package retryhttp
 // server puts in Retry-After, Date and the rate-limit headers, nothing
 // panics, no wait is negative, and through the Transport no wait is longer
 // than the configured max. Helpers are named rel*, like those of
-// reliability_test.go.
+// reliability_*_test.go.
 //
 // Run each for a while with
 //
@@ -84,7 +84,7 @@ func relFuzzTransport(t *testing.T, status int, h http.Header) {
 		WithBackoff(100*time.Millisecond, relFuzzBackoffMax),
 		WithRetryAfterLimits(relFuzzFloor, relFuzzMax),
 		WithRand(func() float64 { return 0.999 }),
-		WithOnRetry(func(ev RetryEvent) { events = append(events, ev) }),
+		onEvents(func(ev RetryEvent) { events = append(events, ev) }),
 	)
 	for i := range 2 {
 		req, _ := http.NewRequest(http.MethodGet, "http://fuzz.test/x", nil)

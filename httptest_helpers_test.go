@@ -272,3 +272,9 @@ func (e *events) list() []RetryEvent {
 
 // fixedRand makes the jitter deterministic: every draw is r.
 func fixedRand(r float64) Option { return WithRand(func() float64 { return r }) }
+
+// onEvents sends both hooks' events to f, in the order they happen: the
+// tests read retries and refusals as one story.
+func onEvents(f func(RetryEvent)) Option {
+	return func(c *config) { c.onRetry, c.onGiveUp = f, f }
+}

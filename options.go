@@ -3,9 +3,11 @@ package retryhttp
 import (
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"time"
 
+	"github.com/hashicorp/go-cleanhttp"
 	"golang.org/x/time/rate"
 )
 
@@ -40,23 +42,82 @@ var defaultStatuses = []int{
 	http.StatusGatewayTimeout,      // 504
 }
 
-// config is what the options set; New turns it into a Transport.
+// config is what the options set. newConfig fills in every default, in
+// one place, so that the Transport reads settled values only.
+//
+// nil means the default for what a Transport cannot do without (the base,
+// the limiter, the clock, the jitter source) and "none" for what is
+// optional (the budget, the hooks, the logger, the predicate).
 type config struct {
 	base                    http.RoundTripper
 	maxAttempts             int
 	backoffBase, backoffMax time.Duration
 	raFloor, raMax          time.Duration
-	statuses                *[]int
+	statusCodes             *[]int
+	statuses                statusSet
+	retryIf                 func(*http.Response, error) bool
 	pace                    Pace
 	hostPace                map[string]Pace
 	limiter                 Limiter
 	budget                  *Budget
 	budgetSet               bool
+	noLearning              bool
 	autoKey                 bool
-	onRetry                 func(RetryEvent)
+	onRetry, onGiveUp       func(RetryEvent)
 	logger                  *slog.Logger
 	rand                    func() float64
 	clock                   Clock
+}
+
+// newConfig applies opts in order, then fills in the defaults.
+func newConfig(opts []Option) config {
+	var c config
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if c.base == nil {
+		c.base = cleanhttp.DefaultPooledTransport()
+	}
+	if c.maxAttempts < 1 {
+		c.maxAttempts = DefaultMaxAttempts
+	}
+	if c.backoffBase <= 0 {
+		c.backoffBase = DefaultBackoffBase
+	}
+	if c.backoffMax <= 0 {
+		c.backoffMax = DefaultBackoffMax
+	}
+	c.backoffMax = max(c.backoffMax, c.backoffBase)
+	if c.raFloor <= 0 {
+		c.raFloor = DefaultRetryAfterFloor
+	}
+	if c.raMax <= 0 {
+		c.raMax = DefaultRetryAfterMax
+	}
+	c.raMax = max(c.raMax, c.raFloor)
+	if c.statusCodes != nil {
+		c.statuses = newStatusSet(*c.statusCodes)
+	} else {
+		c.statuses = defaultStatusSet
+	}
+	if c.pace == (Pace{}) {
+		c.pace = Pace{Limit: rate.Inf}
+	}
+	if c.clock == nil {
+		c.clock = realClock{}
+	}
+	if c.limiter == nil {
+		c.limiter = newLocalLimiter(c.clock)
+	}
+	if !c.budgetSet {
+		c.budget = NewBudget(0.1, 1)
+	}
+	if c.rand == nil {
+		c.rand = rand.Float64
+	}
+	return c
 }
 
 // Option configures a Transport. Options are applied in order by New; the
@@ -99,8 +160,22 @@ func WithRetryAfterLimits(floor, max time.Duration) Option {
 func WithRetryStatuses(codes ...int) Option {
 	return func(c *config) {
 		s := append([]int(nil), codes...)
-		c.statuses = &s
+		c.statusCodes = &s
 	}
+}
+
+// WithRetryIf replaces the classification: f says whether a response, or
+// the error of a try that got none, is worth another try. Exactly one of
+// its arguments is non-nil. Without it the Transport uses the statuses of
+// WithRetryStatuses and the transient errors of DefaultRetryIf; compose
+// DefaultRetryIf to extend the default. f decides what is worth retrying,
+// not what is safe: a request that is not idempotent, a body that cannot be
+// rewound, a server wait beyond the max, a cancelled context, the budget and
+// the attempts still refuse a retry f asked for. f runs on the request's
+// goroutine, must be safe for concurrent use, and may read a bounded prefix
+// of the body with PeekBody. nil means the default.
+func WithRetryIf(f func(*http.Response, error) bool) Option {
+	return func(c *config) { c.retryIf = f }
 }
 
 // WithPace sets the pace for every host without a WithHostPace of its own:
@@ -150,12 +225,34 @@ func WithAutoIdempotencyKey() Option {
 	return func(c *config) { c.autoKey = true }
 }
 
-// WithOnRetry sets a hook called after every failed try that could have been
-// retried: before each retry, with the wait, and when a retry is refused,
-// with the reason in RetryEvent.Reason. It runs on the goroutine of the
-// request and must not block; nil means no hook.
+// WithOnRetry sets a hook called once for every retry, just before it is
+// sent: RetryEvent.Delay is how long it waited since the failure (backoff,
+// server-named wait, pace and parking), and Reason is empty. Counting its
+// calls counts the retries. It runs on the goroutine of the request and
+// must not block; nil means no hook.
 func WithOnRetry(f func(RetryEvent)) Option {
 	return func(c *config) { c.onRetry = f }
+}
+
+// WithOnGiveUp sets a hook called when a failed try that the
+// classification says is worth retrying is handed back instead, with
+// RetryEvent.Reason saying why (ReasonAttempts, ReasonBudget, ...). It is
+// not called for answers that are not retried at all (a 404, a 200). It
+// runs on the goroutine of the request and must not block; nil means no
+// hook.
+func WithOnGiveUp(f func(RetryEvent)) Option {
+	return func(c *config) { c.onGiveUp = f }
+}
+
+// WithLearning turns per-host learning on or off. On, the default, the
+// Transport paces a host that announces its quota (X-RateLimit-Limit,
+// RateLimit-Policy) at the announced rate, and a host that refuses (429, or
+// 503 naming no wait) below the rate it accepted, growing back while it
+// answers well; a host that never refuses and announces nothing is never
+// paced. WithPace and WithHostPace stay upper bounds either way. Off, only
+// the configured paces and the parkings apply.
+func WithLearning(on bool) Option {
+	return func(c *config) { c.noLearning = !on }
 }
 
 // WithLogger sets the logger that gets one line per retry and per refused

@@ -15,35 +15,24 @@ import (
 // request by method, scheme, host and path only: queries carry tokens, user
 // info carries passwords, and headers are never read here.
 
-// RetryEvent describes a failed try that could have been retried. OnRetry
-// gets one before every retry, and one when a retry is refused, with Reason
-// saying why.
+// RetryEvent describes a failed try that the classification says is worth
+// retrying: OnRetry gets one just before each retry, OnGiveUp one when the
+// failure is handed back instead, with Reason saying why.
 type RetryEvent struct {
 	Request *http.Request // the caller's request
 	Attempt int           // the try that just failed, 1 for the first
-	Delay   time.Duration // the wait before the next try; 0 when refused
-	Status  int           // the response's status; 0 when Err is set
-	Err     error         // the transport error; nil when Status is set
+	// Delay is how long the retry waited after the failure: backoff or
+	// server-named wait, then the host's pace and parking. 0 when refused.
+	Delay  time.Duration
+	Status int   // the response's status; 0 when Err is set
+	Err    error // the transport error; nil when Status is set
 	// Key is the Idempotency-Key that WithAutoIdempotencyKey added to the
 	// request, the same on every try; empty when it added none.
 	Key string
-	// Reason is empty when a retry follows. Otherwise it says why the
-	// failure was returned as it is: "out of attempts", "retry budget
-	// spent", "not idempotent", "body cannot be rewound (no GetBody)",
-	// "server wait beyond max" or "wait ends after deadline".
-	Reason string
+	// Reason is empty for a retry; otherwise why the failure was handed
+	// back as it is: one of the Reason constants.
+	Reason Reason
 }
-
-// Reasons a retry is refused, as RetryEvent.Reason and the log say them.
-const (
-	reasonAttempts   = "out of attempts"
-	reasonBudget     = "retry budget spent"
-	reasonIdempotent = "not idempotent"
-	reasonRewind     = "body cannot be rewound (no GetBody)"
-	reasonServerWait = "server wait beyond max"
-	reasonDeadline   = "wait ends after deadline"
-	reasonGetBody    = "GetBody failed"
-)
 
 // RetryError is returned when the last try ended in an error. It says how
 // many tries were made over how long, and Unwraps to the last error, so
@@ -80,16 +69,20 @@ func (c *call) fail(n int, err error) error {
 	}
 }
 
-// report calls the OnRetry hook and logs one line, for a retry (reason
-// empty) or a refused one.
-func (c *call) report(n int, resp *http.Response, err error, delay time.Duration, reason string) {
+// report calls the OnRetry hook (reason empty) or the OnGiveUp hook, and
+// logs one line.
+func (c *call) report(a answer, delay time.Duration, reason Reason) {
 	t := c.t
 	status := 0
-	if resp != nil {
-		status = resp.StatusCode
+	if a.resp != nil {
+		status = a.resp.StatusCode
 	}
-	if t.onRetry != nil {
-		t.onRetry(RetryEvent{Request: c.req, Attempt: n, Delay: delay, Status: status, Err: err, Key: c.key, Reason: reason})
+	hook := t.onRetry
+	if reason != "" {
+		hook = t.onGiveUp
+	}
+	if hook != nil {
+		hook(RetryEvent{Request: c.req, Attempt: a.n, Delay: delay, Status: status, Err: a.err, Key: c.key, Reason: reason})
 	}
 	if t.logger == nil {
 		return
@@ -99,25 +92,28 @@ func (c *call) report(n int, resp *http.Response, err error, delay time.Duration
 		slog.String("method", methodOf(c.req)),
 		slog.String("host", c.hostName()),
 		slog.String("path", pathOf(c.req)),
-		slog.Int("attempt", n))
+		slog.Int("attempt", a.n))
 	if status != 0 {
 		attrs = append(attrs, slog.Int("status", status))
 	}
-	if err != nil {
-		attrs = append(attrs, slog.String("error", logError(err)))
+	if a.err != nil {
+		attrs = append(attrs, slog.String("error", logError(a.err)))
 	}
 	if reason == "" {
 		attrs = append(attrs, slog.Duration("wait", delay))
 		t.logger.LogAttrs(c.ctx, slog.LevelInfo, "retryhttp: retrying", attrs...)
 		return
 	}
-	attrs = append(attrs, slog.String("reason", reason))
+	attrs = append(attrs, slog.String("reason", string(reason)))
 	level := slog.LevelInfo
-	if reason == reasonBudget {
+	if reason == ReasonBudget {
 		level = slog.LevelWarn
 	}
 	t.logger.LogAttrs(c.ctx, level, "retryhttp: not retrying", attrs...)
 }
+
+// giveUp reports a failure handed back although it was worth a retry.
+func (c *call) giveUp(a answer, reason Reason) { c.report(a, 0, reason) }
 
 // Logs and errors name a request by method, scheme, host and path only:
 // queries carry tokens, and user info carries passwords.

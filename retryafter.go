@@ -1,6 +1,7 @@
 package retryhttp
 
 import (
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -82,15 +83,7 @@ func quotaReset(h http.Header, now time.Time) (wait time.Duration, ok bool) {
 		}
 	}
 	if isZero(firstValue(h, "X-Ratelimit-Remaining")) {
-		secs, ok := parseSeconds(firstValue(h, "X-Ratelimit-Reset"))
-		if !ok {
-			return 0, false
-		}
-		base := serverNow(h, now).Unix()
-		if secs < base/2 {
-			return time.Duration(secs) * time.Second, true
-		}
-		return time.Duration(min(max(0, secs-base), maxDelaySeconds)) * time.Second, true
+		return epochOrDelay(firstValue(h, "X-Ratelimit-Reset"), h, now)
 	}
 	return 0, false
 }
@@ -167,29 +160,158 @@ func firstValue(h http.Header, canonicalKey string) string {
 	return ""
 }
 
-// namesWait reports whether a response carries a header from which
-// serverWait can take a wait: a cheap test, so that the success path parses
-// nothing. Retry-After counts only on the statuses where serverWait reads
-// it, so a 200 costs three lookups, not four.
-func (t *Transport) namesWait(resp *http.Response) bool {
-	h := resp.Header
-	if len(h["X-Ratelimit-Remaining"]) > 0 || len(h["Ratelimit-Remaining"]) > 0 || len(h["Ratelimit"]) > 0 {
-		return true
-	}
-	code := resp.StatusCode
-	return (t.retryStatus(code) || code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable) &&
-		len(h["Retry-After"]) > 0
+// announcement is a quota a response announces: limit requests per window
+// (0 when it names no window: the reset tells it), reset until it is whole
+// again (-1: not said), remaining left of it (-1: not said). A zero limit
+// means no announcement.
+type announcement struct {
+	limit     int
+	window    time.Duration
+	reset     time.Duration
+	remaining int
 }
 
-// serverWait is the wait a response names: Retry-After where it means "come
-// back later" (429, 503 and the statuses the Transport retries), else the
-// reset of a spent quota, on any response. ok is false when it names none.
-func (t *Transport) serverWait(resp *http.Response, now time.Time) (time.Duration, bool) {
-	if t.retryStatus(resp.StatusCode) || resp.StatusCode == http.StatusTooManyRequests ||
-		resp.StatusCode == http.StatusServiceUnavailable {
-		if w, ok := retryAfter(resp.Header, now); ok {
-			return w, true
+// announced reads the quota a response announces, from the first of:
+//   - RateLimit-Policy, of the IETF httpapi draft, in its current form
+//     (`"default";q=100;w=60`) or its earlier one (`100;w=60`); several
+//     policies: the slowest;
+//   - RateLimit-Limit (an earlier draft), with RateLimit-Reset as a delay;
+//   - X-RateLimit-Limit, with X-RateLimit-Reset as epoch seconds or a delay
+//     (GitHub, go-chi/httprate, throttled and most others).
+//
+// Values that are not whole numbers, a zero limit or window, and numbers
+// too large for a Duration are ignored: the answer announces nothing.
+func announced(h http.Header, now time.Time) announcement {
+	a := announcement{reset: -1, remaining: -1}
+	if v := firstValue(h, "Ratelimit-Policy"); v != "" && len(v) <= maxRateLimitLen {
+		a.limit, a.window = parsePolicy(v)
+	}
+	if a.limit == 0 {
+		if v := firstValue(h, "Ratelimit-Limit"); v != "" && len(v) <= maxRateLimitLen {
+			a.limit, a.window = parsePolicy(v)
 		}
 	}
-	return quotaReset(resp.Header, now)
+	if a.limit > 0 {
+		if secs, ok := parseSeconds(firstValue(h, "Ratelimit-Reset")); ok {
+			a.reset = time.Duration(secs) * time.Second
+		}
+		a.remaining = remainingOf(firstValue(h, "Ratelimit-Remaining"))
+		if v := firstValue(h, "Ratelimit"); v != "" && len(v) <= maxRateLimitLen {
+			if r, t, ok := parseRateLimitState(v); ok {
+				a.remaining, a.reset = r, t
+			}
+		}
+		return a
+	}
+	n, ok := parseSeconds(firstValue(h, "X-Ratelimit-Limit"))
+	if !ok || n <= 0 || n > math.MaxInt32 {
+		return announcement{}
+	}
+	a.limit = int(n)
+	if w, ok := epochOrDelay(firstValue(h, "X-Ratelimit-Reset"), h, now); ok {
+		a.reset = w
+	}
+	a.remaining = remainingOf(firstValue(h, "X-Ratelimit-Remaining"))
+	return a
+}
+
+// parsePolicy reads a quota policy list and returns the slowest policy's
+// quota and window: a member's quota is its q parameter, or the member
+// itself when it is a number; its window the w parameter, 0 when absent.
+func parsePolicy(v string) (quota int, window time.Duration) {
+	best := math.Inf(1)
+	for member := range strings.SplitSeq(v, ",") {
+		q, w := int64(-1), int64(0)
+		for i, param := range strings.Split(member, ";") {
+			param = strings.TrimSpace(param)
+			key, val, found := strings.Cut(param, "=")
+			switch {
+			case !found && i == 0:
+				if n, ok := parseSeconds(param); ok {
+					q = n
+				}
+			case strings.EqualFold(strings.TrimSpace(key), "q"):
+				if n, ok := parseSeconds(val); ok {
+					q = n
+				}
+			case strings.EqualFold(strings.TrimSpace(key), "w"):
+				if n, ok := parseSeconds(val); ok {
+					w = n
+				}
+			}
+		}
+		if q <= 0 || q > math.MaxInt32 || w > int64(learnMaxWindow/time.Second) {
+			continue
+		}
+		// A policy without a window is slower than any with one only if
+		// nothing else is known; keep the first such.
+		r := math.Inf(1)
+		if w > 0 {
+			r = float64(q) / float64(w)
+		}
+		if quota == 0 || r < best {
+			quota, window, best = int(q), time.Duration(w)*time.Second, r
+		}
+	}
+	return quota, window
+}
+
+// parseRateLimitState reads the remaining quota and its reset from the
+// RateLimit field's list form (`"default";r=50;t=30`), the policy with the
+// least remaining.
+func parseRateLimitState(v string) (remaining int, reset time.Duration, ok bool) {
+	for member := range strings.SplitSeq(v, ",") {
+		r, t := int64(-1), int64(-1)
+		for param := range strings.SplitSeq(member, ";") {
+			key, val, found := strings.Cut(strings.TrimSpace(param), "=")
+			if !found {
+				continue
+			}
+			switch key = strings.TrimSpace(key); {
+			case strings.EqualFold(key, "r"):
+				r, _ = parseInt(val)
+			case strings.EqualFold(key, "t"):
+				t, _ = parseInt(val)
+			}
+		}
+		if r >= 0 && r <= math.MaxInt32 && (!ok || int(r) < remaining) {
+			remaining, reset, ok = int(r), -1, true
+			if t >= 0 {
+				reset = time.Duration(t) * time.Second
+			}
+		}
+	}
+	return remaining, reset, ok
+}
+
+func parseInt(v string) (int64, bool) {
+	n, ok := parseSeconds(v)
+	if !ok {
+		return -1, false
+	}
+	return n, true
+}
+
+// remainingOf reads a remaining count, -1 when absent or unusable.
+func remainingOf(v string) int {
+	n, ok := parseSeconds(v)
+	if !ok || n > math.MaxInt32 {
+		return -1
+	}
+	return int(n)
+}
+
+// epochOrDelay reads X-RateLimit-Reset: epoch seconds, counted from the
+// response's Date when it has one; a value under half of now's epoch
+// seconds is a delay in seconds instead.
+func epochOrDelay(v string, h http.Header, now time.Time) (time.Duration, bool) {
+	secs, ok := parseSeconds(v)
+	if !ok {
+		return 0, false
+	}
+	base := serverNow(h, now).Unix()
+	if secs < base/2 {
+		return time.Duration(secs) * time.Second, true
+	}
+	return time.Duration(min(max(0, secs-base), maxDelaySeconds)) * time.Second, true
 }

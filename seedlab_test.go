@@ -59,10 +59,13 @@ func TestSeedLabTwentyPages(t *testing.T) {
 		wantDone     time.Duration
 	}{
 		// Obeying Retry-After alone: the seed counted 34 requests, 14 refused.
-		{"obey Retry-After", []Option{WithMaxAttempts(50), WithBudget(nil)}, 34, 14, 15700 * time.Millisecond},
+		{"obey Retry-After", []Option{WithMaxAttempts(50), WithBudget(nil), WithLearning(false)}, 34, 14, 15700 * time.Millisecond},
+		// Learning from the 429s (the default) on top of obeying them: the
+		// pace falls to what the host grants, and fewer are refused.
+		{"obey Retry-After, learning", []Option{WithMaxAttempts(50), WithBudget(nil)}, 24, 4, 16004667998},
 		// Pacing below the limit: exactly 20, none refused, done by 18.9 s
 		// (the 17 paced waits of 1/0.9 s, and the last request's 50 ms).
-		{"paced 3 at 0.9/s", []Option{WithPace(0.9, 3)}, 20, 0, 18938888888},
+		{"paced 3 at 0.9/s", []Option{WithPace(0.9, 3)}, 20, 0, 18938888887},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -119,43 +122,52 @@ func (h *stockHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // seed counted 275 requests for each); full jitter spreads them and needs
 // far fewer (the seed: 168).
 func TestSeedLabFiftyCollectors(t *testing.T) {
-	results := map[string]int{}
-	for _, tc := range []struct {
-		name string
-		opts func(rnd func() float64) []Option
-	}{
-		{"fixed 1 s", func(func() float64) []Option {
-			return []Option{WithBackoff(time.Second, time.Second), fixedRand(0.9999999)}
-		}},
-		{"exponential, no jitter", func(func() float64) []Option {
-			return []Option{WithBackoff(2*time.Second, 30*time.Second), fixedRand(0.9999999)}
-		}},
-		{"full jitter", func(rnd func() float64) []Option {
-			return []Option{WithBackoff(2*time.Second, 30*time.Second), WithRand(rnd)}
-		}},
-	} {
-		synctest.Test(t, func(t *testing.T) {
-			host := &stockHost{}
-			net := newPipeNet(host)
-			defer net.close()
-			var mu sync.Mutex
-			src := rand.New(rand.NewPCG(1, 2))
-			rnd := func() float64 { mu.Lock(); defer mu.Unlock(); return src.Float64() }
-			tr := New(append([]Option{WithBase(net.tr), WithMaxAttempts(100), WithBudget(nil)}, tc.opts(rnd)...)...)
-			var wg sync.WaitGroup
-			for i := range 50 {
-				wg.Go(func() {
-					if code, _ := get(t, tr, fmt.Sprintf("http://flaky.test/stock?item=%d", i)); code != 200 {
-						t.Errorf("collector %d: %d", i, code)
-					}
-				})
-			}
-			wg.Wait()
-			results[tc.name] = host.requests
-			t.Logf("%s: %d requests, all served at %v", tc.name, host.requests, host.lastOK.Sub(time.Unix(946684800, 0)))
-		})
-	}
-	if j := results["full jitter"]; j*10 > results["fixed 1 s"]*7 || j*10 > results["exponential, no jitter"]*7 {
-		t.Errorf("requests: %v; full jitter should need far fewer than fixed or unjittered waits", results)
+	for _, learning := range []bool{false, true} {
+		results := map[string]int{}
+		for _, tc := range []struct {
+			name string
+			opts func(rnd func() float64) []Option
+		}{
+			{"fixed 1 s", func(func() float64) []Option {
+				return []Option{WithBackoff(time.Second, time.Second), fixedRand(0.9999999)}
+			}},
+			{"exponential, no jitter", func(func() float64) []Option {
+				return []Option{WithBackoff(2*time.Second, 30*time.Second), fixedRand(0.9999999)}
+			}},
+			{"full jitter", func(rnd func() float64) []Option {
+				return []Option{WithBackoff(2*time.Second, 30*time.Second), WithRand(rnd)}
+			}},
+		} {
+			synctest.Test(t, func(t *testing.T) {
+				host := &stockHost{}
+				net := newPipeNet(host)
+				defer net.close()
+				var mu sync.Mutex
+				src := rand.New(rand.NewPCG(1, 2))
+				rnd := func() float64 { mu.Lock(); defer mu.Unlock(); return src.Float64() }
+				opts := []Option{WithBase(net.tr), WithMaxAttempts(100), WithBudget(nil), WithLearning(learning)}
+				tr := New(append(opts, tc.opts(rnd)...)...)
+				var wg sync.WaitGroup
+				for i := range 50 {
+					wg.Go(func() {
+						if code, _ := get(t, tr, fmt.Sprintf("http://flaky.test/stock?item=%d", i)); code != 200 {
+							t.Errorf("collector %d: %d", i, code)
+						}
+					})
+				}
+				wg.Wait()
+				results[tc.name] = host.requests
+				served := host.lastOK.Sub(time.Unix(946684800, 0))
+				t.Logf("learning %v, %s: %d requests, all served at %v", learning, tc.name, host.requests, served)
+				// Learning the host's 5 a second makes the backoff's shape
+				// matter little: every shape is paced to what it serves.
+				if learning && (host.requests > 100 || served > 12*time.Second) {
+					t.Errorf("learning, %s: %d requests, served at %v; want at most 100 by 12 s", tc.name, host.requests, served)
+				}
+			})
+		}
+		if j := results["full jitter"]; !learning && (j*10 > results["fixed 1 s"]*7 || j*10 > results["exponential, no jitter"]*7) {
+			t.Errorf("requests: %v; full jitter should need far fewer than fixed or unjittered waits", results)
+		}
 	}
 }

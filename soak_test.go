@@ -2,7 +2,7 @@ package retryhttp
 
 // The soak: many goroutines, one Transport, a server that fails a random
 // 30 % of what it gets. Issue 4. Helpers are named rel*, like those of
-// reliability_test.go.
+// reliability_*_test.go.
 
 import (
 	"bytes"
@@ -241,14 +241,17 @@ func TestReliabilitySoak(t *testing.T) {
 	var st relSoakStats
 	tr := New(
 		WithBase(counter),
+		// Its failures do not depend on load, which learning would take for
+		// overload and pace down; the soak is about the rest.
+		WithLearning(false),
 		WithBackoff(time.Millisecond, 5*time.Millisecond),
 		WithRetryAfterLimits(time.Millisecond, 5*time.Millisecond),
-		WithOnRetry(func(ev RetryEvent) {
+		onEvents(func(ev RetryEvent) {
 			if ev.Reason == "" {
 				st.retries.Add(1)
 				return
 			}
-			v, _ := st.refused.LoadOrStore(ev.Reason, new(atomic.Int64))
+			v, _ := st.refused.LoadOrStore(string(ev.Reason), new(atomic.Int64))
 			v.(*atomic.Int64).Add(1)
 		}),
 	)

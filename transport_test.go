@@ -104,7 +104,9 @@ func TestConcurrentUse(t *testing.T) {
 		}
 		io.WriteString(w, r.URL.Path)
 	}))
-	tr := New(WithBackoff(time.Millisecond, time.Millisecond), WithPace(1e6, 1000), WithBudget(nil))
+	// Learning off: a host that refuses every first try, whatever the
+	// pace, would be paced down as overloaded.
+	tr := New(WithBackoff(time.Millisecond, time.Millisecond), WithPace(1e6, 1000), WithBudget(nil), WithLearning(false))
 	var wg sync.WaitGroup
 	for g := range 20 {
 		wg.Go(func() {
@@ -219,18 +221,6 @@ func TestRetryErrors(t *testing.T) {
 	}
 }
 
-// closedPort returns a loopback address nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
 func TestTransientErrorTypes(t *testing.T) {
 	ctx := context.Background()
 	tests := []struct {
@@ -283,7 +273,7 @@ func TestIdempotency(t *testing.T) {
 			net := newPipeNet(host)
 			defer net.close()
 			var ev events
-			tr := New(WithBase(net.tr), WithBudget(nil), WithOnRetry(ev.add))
+			tr := New(WithBase(net.tr), WithBudget(nil), onEvents(ev.add))
 			resp, err := send(tr, tt.method, "http://x.test/", "body", tt.headers)
 			if err != nil {
 				t.Fatal(err)
@@ -294,8 +284,8 @@ func TestIdempotency(t *testing.T) {
 			}
 			if tt.want == 1 {
 				evs := ev.list()
-				if len(evs) != 1 || evs[0].Reason != reasonIdempotent {
-					t.Errorf("events %+v, want one saying %q", evs, reasonIdempotent)
+				if len(evs) != 1 || evs[0].Reason != ReasonNotIdempotent {
+					t.Errorf("events %+v, want one saying %q", evs, ReasonNotIdempotent)
 				}
 			}
 		})
@@ -347,7 +337,7 @@ func TestAutoIdempotencyKey(t *testing.T) {
 		net := newPipeNet(host)
 		defer net.close()
 		var ev events
-		tr := New(WithBase(net.tr), WithAutoIdempotencyKey(), WithBudget(nil), WithOnRetry(ev.add))
+		tr := New(WithBase(net.tr), WithAutoIdempotencyKey(), WithBudget(nil), onEvents(ev.add))
 		req, _ := http.NewRequest("POST", "http://x.test/pay", strings.NewReader("amount=10"))
 		resp, err := tr.RoundTrip(req)
 		if err != nil {
@@ -392,7 +382,7 @@ func TestBodies(t *testing.T) {
 		net := newPipeNet(host)
 		defer net.close()
 		var ev events
-		tr := New(WithBase(net.tr), WithBudget(nil), WithOnRetry(ev.add))
+		tr := New(WithBase(net.tr), WithBudget(nil), onEvents(ev.add))
 		payload := strings.Repeat("0123456789", 1000)
 		resp, err := send(tr, "PUT", "http://x.test/", payload, nil)
 		if err != nil {
@@ -416,8 +406,8 @@ func TestBodies(t *testing.T) {
 			t.Errorf("a body without GetBody was sent %d times, want 1", got)
 		}
 		evs := ev.list()
-		if last := evs[len(evs)-1]; last.Reason != reasonRewind {
-			t.Errorf("last event %+v, want reason %q", last, reasonRewind)
+		if last := evs[len(evs)-1]; last.Reason != ReasonNoRewind {
+			t.Errorf("last event %+v, want reason %q", last, ReasonNoRewind)
 		}
 	})
 }
@@ -443,7 +433,7 @@ func TestRetryAfterBounds(t *testing.T) {
 			net := newPipeNet(host)
 			defer net.close()
 			var ev events
-			tr := New(WithBase(net.tr), WithOnRetry(ev.add))
+			tr := New(WithBase(net.tr), onEvents(ev.add))
 			start := time.Now()
 			if code, _ := get(t, tr, "http://api.test/"); code != 503 {
 				t.Errorf("status %d, want the 503 itself", code)
@@ -451,8 +441,8 @@ func TestRetryAfterBounds(t *testing.T) {
 			if time.Since(start) != 0 || host.count("") != 1 {
 				t.Errorf("took %v and %d requests, want at once and 1", time.Since(start), host.count(""))
 			}
-			if evs := ev.list(); len(evs) != 1 || evs[0].Reason != reasonServerWait {
-				t.Errorf("events %+v, want one saying %q", evs, reasonServerWait)
+			if evs := ev.list(); len(evs) != 1 || evs[0].Reason != ReasonServerWait {
+				t.Errorf("events %+v, want one saying %q", evs, ReasonServerWait)
 			}
 			_, err := send(tr, "GET", "http://api.test/", "", nil)
 			var pe *HostPausedError
@@ -518,7 +508,7 @@ func TestBackoff(t *testing.T) {
 		defer net.close()
 		var ev events
 		tr := New(WithBase(net.tr), WithMaxAttempts(8), WithBudget(nil), fixedRand(0.5),
-			WithOnRetry(ev.add), WithBackoff(time.Second, 10*time.Second))
+			onEvents(ev.add), WithBackoff(time.Second, 10*time.Second))
 		get(t, tr, "http://x.test/")
 		var delays []time.Duration
 		for _, e := range ev.list() {
@@ -559,7 +549,7 @@ func TestContextBoundsWaits(t *testing.T) {
 			net := newPipeNet(host)
 			defer net.close()
 			var ev events
-			tr := New(WithBase(net.tr), WithOnRetry(ev.add))
+			tr := New(WithBase(net.tr), onEvents(ev.add))
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			start := time.Now()
@@ -571,8 +561,8 @@ func TestContextBoundsWaits(t *testing.T) {
 			if time.Since(start) != 0 {
 				t.Errorf("returned after %v, want at once", time.Since(start))
 			}
-			if evs := ev.list(); len(evs) != 1 || evs[0].Reason != reasonDeadline {
-				t.Errorf("events %+v, want one saying %q", evs, reasonDeadline)
+			if evs := ev.list(); len(evs) != 1 || evs[0].Reason != ReasonDeadline {
+				t.Errorf("events %+v, want one saying %q", evs, ReasonDeadline)
 			}
 		})
 	})
@@ -662,7 +652,7 @@ func TestNestedTransportsRetryOnce(t *testing.T) {
 		// The inner layers still park: a Retry-After seen below is obeyed above.
 		host.scripts["/ra"] = []step{{status: 503, headers: map[string]string{"Retry-After": "7"}}, {status: 200}}
 		start := time.Now()
-		get(t, outer, "http://x.test/ra")
+		get(t, outer, "http://y.test/ra") // a host that has not refused yet
 		if got := time.Since(start); got != 7*time.Second {
 			t.Errorf("retry after %v, want 7s", got)
 		}
@@ -675,7 +665,7 @@ func TestReporting(t *testing.T) {
 	var logs bytes.Buffer
 	var ev events
 	closed := closedPort(t)
-	tr := New(WithBackoff(time.Millisecond, time.Millisecond), WithBudget(nil), WithOnRetry(ev.add),
+	tr := New(WithBackoff(time.Millisecond, time.Millisecond), WithBudget(nil), onEvents(ev.add),
 		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	_, err := send(tr, "GET", "http://"+closed+"/v1/x?token=s3cret", "", map[string]string{"Authorization": "Bearer s3cret"})
 	var re *RetryError
@@ -690,8 +680,8 @@ func TestReporting(t *testing.T) {
 		t.Errorf("error text %q does not match %v", err, want)
 	}
 	evs := ev.list()
-	if len(evs) != 3 || evs[0].Attempt != 1 || evs[1].Attempt != 2 || evs[2].Reason != reasonAttempts {
-		t.Errorf("events %+v: want retries after tries 1 and 2, then %q", evs, reasonAttempts)
+	if len(evs) != 3 || evs[0].Attempt != 1 || evs[1].Attempt != 2 || evs[2].Reason != ReasonAttempts {
+		t.Errorf("events %+v: want retries after tries 1 and 2, then %q", evs, ReasonAttempts)
 	}
 	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
 	if len(lines) != 3 {

@@ -6,6 +6,8 @@
 // go.mod. Everything lives in the _test.go files: peers_test.go configures
 // each library and the two bases (an in-memory RoundTripper and a loopback
 // httptest.Server) and checks that every case works with every library;
-// bench_test.go holds the benchmarks. README.md says how to run them and
-// what they found.
+// bench_test.go holds the benchmarks. limiters_test.go runs 30 workers
+// against real rate-limiting middlewares (go-chi/httprate, throttled) on a
+// virtual clock, every library with its default options. README.md says how
+// to run them and what they found.
 package bench

@@ -131,6 +131,39 @@ func (l *AccessLog) LargestBurst() int {
 	return most
 }
 
+// Arrivals is when each request reached the host, since the start of the
+// scenario, in the order they came.
+func (l *AccessLog) Arrivals() []time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	at := make([]time.Duration, len(l.entries))
+	for i, e := range l.entries {
+		at[i] = e.at
+	}
+	return at
+}
+
+// FirstBusySecond is the start of the first whole second, from the one that
+// begins at from on, in which the host answered at least n requests with
+// status; ok is false if there was none.
+func (l *AccessLog) FirstBusySecond(from time.Duration, status, n int) (at time.Duration, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	per := make(map[time.Duration]int)
+	first := time.Duration(-1)
+	for _, e := range l.entries {
+		s := e.at.Truncate(time.Second)
+		if e.status != status || s < from {
+			continue
+		}
+		per[s]++
+		if per[s] >= n && (first < 0 || s < first) {
+			first = s
+		}
+	}
+	return first, first >= 0
+}
+
 // elapsed is the virtual time since epoch, in seconds, as the Python shop
 // counts it.
 func elapsed(c *Clock) float64 { return c.Since().Seconds() }
@@ -210,11 +243,25 @@ func (b *Board) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Stock is seed 002's flaky.nimbu.test/stock: it serves 5 requests in each
 // whole second and answers the rest 503, without Retry-After, because an
 // overloaded host cannot know when it will recover.
+//
+// With Then above zero, its capacity changes mid-run: PerSecond a second
+// before After (since the start of the scenario), Then a second from After
+// on.
 type Stock struct {
 	clock     *Clock
 	PerSecond int
+	Then      int
+	After     time.Duration
 	mu        sync.Mutex
 	seen      map[int64]int
+}
+
+// capacity is how many requests the host serves in the second that holds now.
+func (s *Stock) capacity(now time.Time) int {
+	if s.Then > 0 && now.Sub(epoch) >= s.After {
+		return s.Then
+	}
+	return s.PerSecond
 }
 
 func (s *Stock) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -225,13 +272,55 @@ func (s *Stock) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.seen = make(map[int64]int)
 	}
 	s.seen[now.Unix()]++
-	busy := s.seen[now.Unix()] > s.PerSecond
+	busy := s.seen[now.Unix()] > s.capacity(now)
 	s.mu.Unlock()
 	if busy {
 		http.Error(w, "too busy", http.StatusServiceUnavailable)
 		return
 	}
 	fmt.Fprintf(w, "stock of item %s: 12\n", r.URL.Query().Get("item"))
+}
+
+// Quota is a host that announces its quota: a fixed window of Limit
+// requests a second, the windows aligned to the start of the scenario. Every
+// answer says X-RateLimit-Limit, X-RateLimit-Remaining (what is left in
+// this window) and X-RateLimit-Reset (whole seconds until the window ends,
+// rounded up); a request beyond the quota gets 429 with Retry-After: 1, and
+// does not count against the window.
+type Quota struct {
+	clock  *Clock
+	Limit  int
+	mu     sync.Mutex
+	window int64 // the current window, in whole seconds since the start
+	used   int   // requests served in it
+}
+
+func (q *Quota) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	now := q.clock.Now()
+	since := now.Sub(epoch)
+	q.mu.Lock()
+	if win := int64(since / time.Second); win != q.window {
+		q.window, q.used = win, 0
+	}
+	ok := q.used < q.Limit
+	if ok {
+		q.used++
+	}
+	left := q.Limit - q.used
+	end := time.Duration(q.window+1) * time.Second
+	q.mu.Unlock()
+
+	h := w.Header()
+	h.Set("Date", httpDate(now))
+	h.Set("X-RateLimit-Limit", strconv.Itoa(q.Limit))
+	h.Set("X-RateLimit-Remaining", strconv.Itoa(left))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(int64((end-since+time.Second-1)/time.Second), 10))
+	if !ok {
+		h.Set("Retry-After", "1")
+		http.Error(w, "quota spent: 10 requests a second", http.StatusTooManyRequests)
+		return
+	}
+	fmt.Fprintf(w, "page %s\n", r.URL.Query().Get("page"))
 }
 
 // Outage is seed 002's flaky.nimbu.test/catalogue while the host is down:

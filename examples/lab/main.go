@@ -1,7 +1,10 @@
 // Command lab replays the scenarios of the project's seeds, the field notes
 // in shared/seeds, through the real retryhttp.Transport against stub hosts,
 // on a virtual clock, and prints one table: what a naive retry loop cost,
-// what retryhttp cost, and the figure the seed reported.
+// what retryhttp cost, and the figure the seed reported. Two rows have no
+// seed: a host that announces its quota in rate-limit headers, and a host
+// whose capacity rises mid-run. Under the table, a chart of each row shows
+// the requests that reached the host each second, naive above retryhttp.
 //
 //	go run ./examples/lab
 //
@@ -10,29 +13,55 @@
 // collectors take turns in a fixed order, and the jitter comes from a seeded
 // source (retryhttp.WithRand).
 //
+// With -svg, it also draws the charts of two rows into SVG files in the
+// directory named, for the README:
+//
+//	go run ./examples/lab -svg docs
+//
 // The files: clock.go is the virtual clock and its scheduler, hosts.go the
 // stub hosts and the in-memory network that serves them, scenarios.go the
-// naive loops and the retryhttp runs, table.go the table.
+// naive loops and the retryhttp runs, table.go the table, chart.go the
+// terminal charts under it, svg.go the SVG charts.
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"os"
 )
 
 func main() {
-	if err := run(os.Stdout); err != nil {
+	svgDir := flag.String("svg", "", "also write the SVG charts (lab-collectors.svg, lab-quota.svg) into this `directory`")
+	flag.Parse()
+	rows := Rows()
+	if err := report(os.Stdout, rows); err != nil {
 		fmt.Fprintln(os.Stderr, "lab:", err)
 		os.Exit(1)
 	}
+	if *svgDir != "" {
+		files, err := WriteSVGs(*svgDir, rows)
+		for _, f := range files {
+			fmt.Fprintln(os.Stderr, "lab: wrote", f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "lab:", err)
+			os.Exit(1)
+		}
+	}
 }
 
-// run replays every scenario and writes the table to w.
-func run(w io.Writer) error {
+// run replays every scenario and writes the table and the charts to w.
+func run(w io.Writer) error { return report(w, Rows()) }
+
+// report writes the table of rows, then their charts, to w.
+func report(w io.Writer, rows []Row) error {
 	if _, err := fmt.Fprint(w, "The seeds' scenarios, replayed through retryhttp.Transport on a virtual clock.\n"+
 		"Stub hosts answer in memory; a request takes 50 ms (seed 002's shop) or 1 ms (seed 000's loopback stub).\n\n"); err != nil {
 		return err
 	}
-	return WriteTable(w, Rows())
+	if err := WriteTable(w, rows); err != nil {
+		return err
+	}
+	return WriteCharts(w, rows)
 }

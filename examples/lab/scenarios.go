@@ -29,6 +29,13 @@ type Outcome struct {
 	// Second is what a second request to the host got right after the
 	// first gave up, in the Retry-After: 86400 scenario.
 	Second error
+	// Caught is, in the scenario whose host's capacity rises mid-run, the
+	// start of the first whole second after the rise in which the host
+	// served at least risingServed requests: how soon the pace follows the
+	// capacity up. -1 if no second did.
+	Caught time.Duration
+	// Arrivals is when each request reached the host, since the start.
+	Arrivals []time.Duration
 }
 
 // world is one scenario's clock and network.
@@ -435,10 +442,160 @@ func BlipRetryhttp() Outcome {
 	return out.from(host, http.StatusServiceUnavailable)
 }
 
+// ---- a host that announces its quota: 10 per 1 s window ----
+
+const (
+	quotaHost    = "api.quota.test"
+	quotaLimit   = 10 // requests a window
+	quotaWorkers = 30
+	quotaPages   = 150
+)
+
+func quotaURL(page int) string {
+	return "http://" + quotaHost + "/items?page=" + strconv.Itoa(page)
+}
+
+func (w *world) addQuota() *Host {
+	return w.net.Add(quotaHost, shopLatency, &Quota{clock: w.clock, Limit: quotaLimit})
+}
+
+// QuotaNaive runs 30 workers that take the 150 pages from a shared queue;
+// each asks for its page until it gets it, sleeping the 429's Retry-After
+// after each refusal: the usual hand-written loop.
+func QuotaNaive() Outcome {
+	w := newWorld()
+	host := w.addQuota()
+	client := w.naiveClient()
+	out := w.workers(quotaWorkers, quotaPages, func(page int) bool {
+		for {
+			status, h := mustGet(client, quotaURL(page))
+			if status == http.StatusOK {
+				return true
+			}
+			secs, _ := strconv.Atoi(h.Get("Retry-After"))
+			w.sleep(time.Duration(secs) * time.Second)
+		}
+	})
+	return out.from(host, http.StatusTooManyRequests)
+}
+
+// QuotaRetryhttp runs the same 30 workers, each sending one GET a page
+// through one shared retryhttp Transport.
+func QuotaRetryhttp(opts ...retryhttp.Option) Outcome {
+	w := newWorld()
+	host := w.addQuota()
+	client := w.retryClient(opts...)
+	out := w.workers(quotaWorkers, quotaPages, func(page int) bool {
+		status, _ := mustGet(client, quotaURL(page))
+		return status == http.StatusOK
+	})
+	return out.from(host, http.StatusTooManyRequests)
+}
+
+// quotaOptions are retryhttp's defaults but for the tries: with 3, some
+// pages are still refused when their tries run out.
+var quotaOptions = []retryhttp.Option{retryhttp.WithMaxAttempts(10)}
+
+// ---- a host whose capacity rises mid-run: 5/s, then 40/s ----
+
+const (
+	risingWorkers = 50
+	risingItems   = 800
+	risingAfter   = 10 * time.Second // when the capacity rises
+	risingServed  = 30               // served in a second: the pace has followed
+)
+
+func (w *world) addRising() *Host {
+	return w.net.Add(flakyHost, shopLatency, &Stock{clock: w.clock, PerSecond: 5, Then: 40, After: risingAfter})
+}
+
+// RisingNaive runs 50 workers that take the 800 items from a shared queue
+// and ask for each until they get it, a second after each 503.
+func RisingNaive() Outcome {
+	w := newWorld()
+	host := w.addRising()
+	client := w.naiveClient()
+	out := w.workers(risingWorkers, risingItems, func(item int) bool {
+		for {
+			if status, _ := mustGet(client, stockURL(item)); status == http.StatusOK {
+				return true
+			}
+			w.sleep(time.Second)
+		}
+	})
+	return out.rising(host)
+}
+
+// RisingRetryhttp runs the same 50 workers, each sending one GET an item
+// through one shared retryhttp Transport.
+func RisingRetryhttp(opts ...retryhttp.Option) Outcome {
+	w := newWorld()
+	host := w.addRising()
+	client := w.retryClient(opts...)
+	out := w.workers(risingWorkers, risingItems, func(item int) bool {
+		status, _ := mustGet(client, stockURL(item))
+		return status == http.StatusOK
+	})
+	return out.rising(host)
+}
+
+// risingOptions give every item enough tries, and turn the budget off, as
+// for the collectors.
+var risingOptions = collectorsOptions
+
+func (o Outcome) rising(h *Host) Outcome {
+	o = o.from(h, http.StatusServiceUnavailable)
+	o.Caught = -1
+	if at, ok := h.Log.FirstBusySecond(risingAfter, http.StatusOK, risingServed); ok {
+		o.Caught = at
+	}
+	return o
+}
+
+// workers runs n workers as participants of the clock; each takes the next
+// item of a shared queue of items (1 to items) and fetches it, until the
+// queue is empty. fetch reports whether the item was served. The outcome
+// counts the items served, and Done is when the last was.
+func (w *world) workers(n, items int, fetch func(item int) bool) Outcome {
+	var (
+		mu   sync.Mutex
+		next = 1
+		out  Outcome
+	)
+	take := func() (int, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if next > items {
+			return 0, false
+		}
+		next++
+		return next - 1, true
+	}
+	for range n {
+		w.clock.Go(func() {
+			for {
+				item, ok := take()
+				if !ok {
+					return
+				}
+				if fetch(item) {
+					mu.Lock()
+					out.Served++
+					out.Done = max(out.Done, w.clock.Since())
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	w.clock.Run()
+	return out
+}
+
 // from fills in what the host's log says.
 func (o Outcome) from(h *Host, refusal int) Outcome {
 	o.Requests = h.Log.Requests()
 	o.Refused = h.Log.Count(refusal)
 	o.Burst = h.Log.LargestBurst()
+	o.Arrivals = h.Log.Arrivals()
 	return o
 }

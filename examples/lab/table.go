@@ -15,6 +15,22 @@ import (
 type Row struct {
 	Scenario, Naive, Retry, Seed string
 	How                          string
+
+	// NaiveAt and RetryAt are when each request of the naive run and of the
+	// retryhttp run reached the host: the row's chart.
+	NaiveAt, RetryAt []time.Duration
+	// SVG, if not empty, is the name of the file the row's chart is also
+	// drawn into with -svg, and Capacity what the host serves a second, for
+	// a line across it (0: no line); CapacityLabel names that line.
+	SVG           string
+	Capacity      float64
+	CapacityLabel string
+}
+
+// arrivals fills in the row's chart from its two runs.
+func (r Row) arrivals(naive, retry Outcome) Row {
+	r.NaiveAt, r.RetryAt = naive.Arrivals, retry.Arrivals
+	return r
 }
 
 // Rows runs every scenario and returns the table's rows.
@@ -29,7 +45,7 @@ func Rows() []Row {
 		Seed:     "301 (281 refused) → 20, 0 refused, 18.9 s",
 		How: "naive asks again at once after each 429; retryhttp paces itself below the host: " +
 			"WithPace(0.9, 3), WithMaxAttempts(50), WithBudget(nil).",
-	})
+	}.arrivals(atOnce, paced))
 
 	obey, obeyRH := PagesNaive(true), PagesRetryhttp(false)
 	rows = append(rows, Row{
@@ -39,7 +55,7 @@ func Rows() []Row {
 		Seed:     "34 (14 refused), 15.7 s",
 		How: "naive sleeps the 429's Retry-After; retryhttp, unpaced, obeys it by itself " +
 			"(1 s floor, host parked meanwhile): WithMaxAttempts(50), WithBudget(nil).",
-	})
+	}.arrivals(obey, obeyRH))
 
 	board, boardRH := BoardNaive(), BoardRetryhttp(boardOptions...)
 	rows = append(rows, Row{
@@ -50,7 +66,7 @@ func Rows() []Row {
 		How: "naive counts the date from its own clock, at least 1 s; retryhttp counts it from the answer's " +
 			"Date header: WithRetryAfterLimits(1s, 2m), since 90 s is over the default max of 60 s " +
 			"(with the default it returns the 503 at once and parks the host).",
-	})
+	}.arrivals(board, boardRH))
 
 	fixed, jitter := CollectorsNaive(Fixed), CollectorsRetryhttp(collectorsOptions...)
 	rows = append(rows, Row{
@@ -61,7 +77,10 @@ func Rows() []Row {
 		How: "naive waits 1 s after each 503; retryhttp uses its default backoff, full jitter with base " +
 			"500 ms and max 30 s, one Transport for the 50: WithMaxAttempts(20), WithBudget(nil). " +
 			"A burst is the most requests that reached the host at one instant after the start.",
-	})
+		SVG:           "lab-collectors.svg",
+		Capacity:      5,
+		CapacityLabel: "what the host serves: 5 requests/s, 503 to the rest",
+	}.arrivals(fixed, jitter))
 
 	exp, jitter2 := CollectorsNaive(Exponential), CollectorsRetryhttp(collectorsSeedOptions...)
 	rows = append(rows, Row{
@@ -71,7 +90,7 @@ func Rows() []Row {
 		Seed:     "275 in waves, 180.5 s → 168, 19.5 s",
 		How: "naive waits 2, 4, 8, 16, 30, 30 ... s, no jitter; retryhttp draws each wait from " +
 			"the same windows: WithBackoff(2s, 30s), WithMaxAttempts(20), WithBudget(nil).",
-	})
+	}.arrivals(exp, jitter2))
 
 	outage, budgeted := OutageNaive(), OutageRetryhttp(retryhttp.NewBudget(0.1, 0))
 	unbudgeted, defaultBudget := OutageRetryhttp(nil), OutageRetryhttp(retryhttp.NewBudget(0.1, 1))
@@ -83,7 +102,7 @@ func Rows() []Row {
 		How: fmt.Sprintf("naive tries each page 3 times, 1 s apart; retryhttp: WithMaxAttempts(3), "+
 			"WithBudget(NewBudget(0.1, 0)). Without a budget it sends %d; with the default, "+
 			"NewBudget(0.1, 1), %d.", unbudgeted.Requests, defaultBudget.Requests),
-	})
+	}.arrivals(outage, budgeted))
 
 	zero, floored := ForbiddenNaive(), ForbiddenRetryhttp()
 	rows = append(rows, Row{
@@ -93,7 +112,7 @@ func Rows() []Row {
 		Seed:     "5 in 1.3-15 ms → with a 1 s floor, 5 in 5.025 s",
 		How: "naive sleeps whatever Retry-After says; retryhttp: WithRetryStatuses(403), " +
 			"WithMaxAttempts(5), and its default 1 s floor. The stub is on loopback: 1 ms a request.",
-	})
+	}.arrivals(zero, floored))
 
 	day, parked := BlipNaive(), BlipRetryhttp()
 	rows = append(rows, Row{
@@ -104,7 +123,38 @@ func Rows() []Row {
 		How: "naive sleeps whatever Retry-After says (the 503s last 5 s); retryhttp, defaults: " +
 			"86400 s is over the 60 s max, so it returns the 503 at once and parks the host " +
 			"(for MaxParking, 1 h, at most), and the next request fails fast.",
-	})
+	}.arrivals(day, parked))
+
+	quota, quotaRH := QuotaNaive(), QuotaRetryhttp(quotaOptions...)
+	rows = append(rows, Row{
+		Scenario: "a host that announces its quota (10 per 1 s window), 30 workers, 150 pages",
+		Naive:    pagesServed(quota, quotaPages),
+		Retry:    pagesServed(quotaRH, quotaPages),
+		Seed:     "(no seed)",
+		How: "the host counts a fixed window of 10 requests a second and says so on every answer " +
+			"(X-RateLimit-Limit, -Remaining, -Reset); the 11th and later in a window get 429 with " +
+			"Retry-After: 1. 30 workers take the pages from a shared queue. Naive sleeps the " +
+			"Retry-After and asks again until served; retryhttp, one GET a page through one Transport: " +
+			"its defaults but WithMaxAttempts(10), so that tries are not what runs out (the default " +
+			"budget, NewBudget(0.1, 1), stays on). \"last at\" is when the last page served came back.",
+		SVG:           "lab-quota.svg",
+		Capacity:      quotaLimit,
+		CapacityLabel: "the quota: 10 requests per 1 s window, 429 to the rest",
+	}.arrivals(quota, quotaRH))
+
+	rising, risingRH := RisingNaive(), RisingRetryhttp(risingOptions...)
+	rows = append(rows, Row{
+		Scenario: "a host whose capacity changes mid-run (5/s, then 40/s), 50 workers, 800 items",
+		Naive:    risen(rising),
+		Retry:    risen(risingRH),
+		Seed:     "(no seed)",
+		How: fmt.Sprintf("the host serves 5 requests a second for the first 10 s, 40 a second "+
+			"afterwards, and answers the rest 503 without Retry-After. 50 workers take the items "+
+			"from a shared queue. Naive asks again 1 s after each 503; retryhttp, one GET an item: "+
+			"WithMaxAttempts(20), WithBudget(nil). \"≥ %d served/s from\" is the first whole second from "+
+			"the rise on in which the host served %d or more: how soon the pace follows the capacity up.",
+			risingServed, risingServed),
+	}.arrivals(rising, risingRH))
 	return rows
 }
 
@@ -163,6 +213,24 @@ func served(o Outcome) string {
 }
 
 // secs is a duration in seconds with one decimal, as the seed prints them.
+// pagesServed is the quota row's cell: pages out of total, and when the
+// last came back.
+func pagesServed(o Outcome, total int) string {
+	return fmt.Sprintf("%s, %d of %d pages, last at %s", sent(o), o.Served, total, secs(o.Done))
+}
+
+// risen is the rising-capacity row's cell.
+func risen(o Outcome) string {
+	followed := fmt.Sprintf("≥ %d served/s from %s", risingServed, whole(o.Caught))
+	if o.Caught < 0 {
+		followed = fmt.Sprintf("never %d served/s", risingServed)
+	}
+	return fmt.Sprintf("%s, %d of %d served at %s, %s", sent(o), o.Served, risingItems, secs(o.Done), followed)
+}
+
+// whole is a whole number of seconds.
+func whole(d time.Duration) string { return fmt.Sprintf("%d s", int(d/time.Second)) }
+
 func secs(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
 
 // short is a duration to the millisecond, in the unit that reads best.
