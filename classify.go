@@ -61,7 +61,7 @@ func transientError(ctx context.Context, err error) bool {
 	if ctx.Err() != nil || errors.Is(err, context.Canceled) {
 		return false
 	}
-	if certificateError(err) {
+	if certificateError(err) || malformedAddress(err) {
 		return false
 	}
 	var dns *net.DNSError
@@ -85,6 +85,19 @@ func transientError(ctx context.Context, err error) bool {
 		return true
 	}
 	return http2Transient(err)
+}
+
+// malformedAddress reports an address that can never be dialled: an
+// invalid port, an unknown network, an address that does not parse. They
+// come back as dial errors, which are otherwise worth another try.
+func malformedAddress(err error) bool {
+	var (
+		addr    *net.AddrError
+		invalid net.InvalidAddrError
+		network net.UnknownNetworkError
+		parse   *net.ParseError
+	)
+	return errors.As(err, &addr) || errors.As(err, &invalid) || errors.As(err, &network) || errors.As(err, &parse)
 }
 
 func certificateError(err error) bool {

@@ -43,6 +43,7 @@ const (
 	learnTTL       = 60 * time.Second // a host quiet this long forgets what was learned
 	learnWatch     = 10 * time.Second // an unpaced host that refused nothing this long is forgotten
 	learnIdle      = 3 * time.Second  // a sweep forgets a host quiet this long
+	learnHorizon   = time.Second      // a learned pace hands out slots no further ahead
 	learnMaxWindow = 24 * time.Hour   // an announced window longer than this is ignored
 )
 
@@ -211,7 +212,9 @@ func (l *localLimiter) learnQuota(host string, st *hostState, sig Signal) {
 // noise.
 func (l *localLimiter) learnRefusal(host string, st *hostState, sig Signal) {
 	c, now := st.cap, sig.Now
-	sent, refused := c.sent.lastSecond(now), c.refused.lastSecond(now)
+	// What the process sent to every host bounds what this host got,
+	// including a burst sent before the host was counted.
+	sent, refused := max(c.sent.lastSecond(now), sig.Sent), c.refused.lastSecond(now)
 	overload := sig.Wait > 0 || sig.Status == http.StatusTooManyRequests ||
 		(refused >= 2 && refused >= learnNoise*sent)
 	if !overload {

@@ -82,6 +82,11 @@ type Reservation struct {
 	// ParkedUntil is non-zero when the host is parked: nothing was taken,
 	// and the caller may ask again once it has waited until then.
 	ParkedUntil time.Time
+	// AskAgain is non-zero when nothing was taken because the host's
+	// slots are handed out no further ahead than a short horizon (its pace
+	// is learned, and may change): the caller waits until then and asks
+	// again.
+	AskAgain time.Time
 	// Cancel, when non-nil, gives the slot back: the Transport calls it
 	// when the request's context ends before the slot comes, so that a
 	// cancelled request does not hold up the ones behind it.
@@ -210,8 +215,18 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 		st.count(a.Now)
 		return Reservation{OK: true}, nil
 	}
-	delay, ok := st.take(a.Now, pace, a.Latest)
+	// A learned pace may grow while requests wait: slots are then handed
+	// out no further than learnHorizon ahead, so that those waiting get the
+	// faster pace when it comes.
+	horizon := time.Duration(0)
+	if pace != a.Pace {
+		horizon = learnHorizon
+	}
+	delay, ok := st.take(a.Now, pace, a.Latest, horizon)
 	if !ok {
+		if horizon > 0 && delay > horizon && (a.Latest.IsZero() || !a.Now.Add(delay).After(a.Latest)) {
+			return Reservation{AskAgain: a.Now.Add(delay - horizon)}, nil
+		}
 		return Reservation{Delay: delay}, nil
 	}
 	st.count(a.Now)
@@ -232,10 +247,11 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 
 // take gives the next slot at pace p: the generic cell rate algorithm,
 // which is a token bucket of p.Burst refilled at p.Limit, kept as one time.
+// Nothing is taken either when horizon is set and the slot is further away.
 // The slot comes no earlier than the end of the host's last parking, and
 // with no burst right after it, so a reopened host is not stormed. ok is
 // false, and nothing is taken, when the slot would come after latest.
-func (st *hostState) take(now time.Time, p Pace, latest time.Time) (time.Duration, bool) {
+func (st *hostState) take(now time.Time, p Pace, latest time.Time, horizon time.Duration) (time.Duration, bool) {
 	interval := p.interval()
 	tolerance := time.Duration(p.Burst-1) * interval
 	tat := st.tat
@@ -250,7 +266,7 @@ func (st *hostState) take(now time.Time, p Pace, latest time.Time) (time.Duratio
 		slot = now
 	}
 	delay := slot.Sub(now)
-	if !latest.IsZero() && slot.After(latest) {
+	if (!latest.IsZero() && slot.After(latest)) || (horizon > 0 && delay > horizon) {
 		return delay, false
 	}
 	st.tat = tat.Add(interval)
@@ -335,24 +351,67 @@ func shardOf(host string) int {
 	return int(h % shardCount)
 }
 
-// hostKey names the host an attempt goes to: lower case, without the
-// scheme's default port. It allocates only for a host with upper case.
+// hostKey names the host an attempt goes to as net/http would dial it:
+// lower case, without the scheme's default port or an empty one, without
+// the trailing dot of a fully qualified name, and an internationalised name
+// in its ASCII (punycode) form. It allocates only for a host that needs one
+// of these changes.
 func hostKey(u *url.URL) string {
 	if u == nil {
 		return ""
 	}
-	h := u.Host
-	switch {
-	case u.Scheme == "https" && strings.HasSuffix(h, ":443"):
-		h = h[:len(h)-len(":443")]
-	case u.Scheme == "http" && strings.HasSuffix(h, ":80"):
-		h = h[:len(h)-len(":80")]
+	return canonicalHost(u.Scheme, u.Host)
+}
+
+func canonicalHost(scheme, h string) string {
+	name, port := splitHostPort(h)
+	if port == "" || (scheme == "https" && port == "443") || (scheme == "http" && port == "80") {
+		h, port = name, ""
 	}
-	return strings.ToLower(h)
+	if plainHost(name) && port == "" {
+		return h
+	}
+	name = strings.TrimSuffix(strings.ToLower(name), ".")
+	if !isASCII(name) {
+		name = toPunycode(name)
+	}
+	if port != "" {
+		return name + ":" + port
+	}
+	return name
+}
+
+// splitHostPort splits host[:port], keeping an IPv6 literal's brackets.
+func splitHostPort(h string) (name, port string) {
+	i := strings.LastIndexByte(h, ':')
+	if i < 0 || strings.LastIndexByte(h, ']') > i {
+		return h, ""
+	}
+	return h[:i], h[i+1:]
+}
+
+// plainHost reports whether name is already canonical: lower-case ASCII,
+// no trailing dot.
+func plainHost(name string) bool {
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c >= 0x80 || ('A' <= c && c <= 'Z') {
+			return false
+		}
+	}
+	return !strings.HasSuffix(name, ".")
+}
+
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 // normalizeHostOption accepts what a user may pass to WithHostPace: a bare
-// host, host:port or a URL.
+// host, host:port, an IPv6 address with or without brackets, or a URL.
 func normalizeHostOption(host string) string {
 	host = strings.TrimSpace(host)
 	if strings.Contains(host, "://") {
@@ -360,11 +419,14 @@ func normalizeHostOption(host string) string {
 			return hostKey(u)
 		}
 	}
-	h := strings.ToLower(host)
-	for _, p := range []string{":443", ":80"} {
-		h = strings.TrimSuffix(h, p)
+	if strings.Count(host, ":") > 1 && !strings.HasPrefix(host, "[") {
+		host = "[" + host + "]" // a bare IPv6 address, as a URL writes it
 	}
-	return h
+	name, port := splitHostPort(host)
+	if port == "443" || port == "80" {
+		host = name
+	}
+	return canonicalHost("", host)
 }
 
 // paceError is a Transport's pace declining an attempt: its slot to the
@@ -425,6 +487,13 @@ func (t *Transport) admit(ctx context.Context, host string, now time.Time) (time
 				return now, err
 			}
 			if err := t.waitParking(ctx, host, now, until, deadline); err != nil {
+				return now, err
+			}
+			now = t.clock.Now()
+			continue
+		}
+		if !res.AskAgain.IsZero() {
+			if err := t.clock.Sleep(ctx, res.AskAgain.Sub(now)); err != nil {
 				return now, err
 			}
 			now = t.clock.Now()

@@ -49,8 +49,11 @@ func New(opts ...Option) *Transport {
 	default:
 		t.markNested = true
 	}
-	if l, ok := t.limiter.(*localLimiter); ok && t.pace.Unlimited() && len(t.hostPace) == 0 {
-		t.free = l
+	if l, ok := t.limiter.(*localLimiter); ok {
+		l.logger = t.logger // made by newConfig for this Transport alone
+		if t.pace.Unlimited() && len(t.hostPace) == 0 {
+			t.free = l
+		}
 	}
 	return t
 }

@@ -157,6 +157,9 @@ func (l *Limiter) Fallback() bool {
 // one round trip. When Redis fails, the slot is taken in process instead and
 // the error is not returned: only the end of ctx is.
 func (l *Limiter) Reserve(ctx context.Context, a retryhttp.Attempt) (retryhttp.Reservation, error) {
+	if a.CheckOnly {
+		a.Pace = retryhttp.Pace{} // the parking alone: no slot
+	}
 	if until, ok := l.mem.parkedUntil(a.Host, a.Now); ok {
 		return retryhttp.Reservation{ParkedUntil: until}, nil
 	}
@@ -364,4 +367,12 @@ func contextAware(rdb redis.UniversalClient) bool {
 		return c.Options().ContextTimeoutEnabled
 	}
 	return false
+}
+
+// Learn learns nothing yet: hosts are paced at the configured pace and
+// parked across processes, but a pace learned from quotas and refusals is
+// not shared through Redis (a later change). It returns an unlimited Pace,
+// as the Limiter interface asks of a Limiter that learns nothing.
+func (l *Limiter) Learn(context.Context, string, retryhttp.Signal) (retryhttp.Pace, error) {
+	return retryhttp.Pace{}, nil
 }
