@@ -30,9 +30,6 @@ func (s *statusSet) has(code int) bool {
 	return code >= 0 && code < 640 && s[code/64]&(1<<(code%64)) != 0
 }
 
-// retryStatus reports whether a response status is retried.
-func (t *Transport) retryStatus(code int) bool { return t.statuses.has(code) }
-
 // transientErrnos are the system errors of a network that may work on the
 // next try: the peer refused or dropped the connection, or the path to it
 // failed for a moment.
