@@ -229,7 +229,9 @@ func (c *call) retry(a answer, v verdict) (next *http.Request, reason Reason, er
 		return nil, "", fmt.Errorf("retryhttp: cancelled while waiting to retry: %w", werr)
 	}
 	now := t.clock.Now()
+	waited := v.delay // plus what the pace and parking add below
 	if !t.admitted(now) {
+		woke := now
 		if now, err = t.admit(c.ctx, c.hostName(), now); err != nil {
 			if c.ctx.Err() != nil {
 				held.discard()
@@ -240,6 +242,7 @@ func (c *call) retry(a answer, v verdict) (next *http.Request, reason Reason, er
 			refund()
 			return nil, refusalReason(err), nil
 		}
+		waited += now.Sub(woke)
 	}
 	next, err = c.rewind()
 	if err != nil {
@@ -248,7 +251,7 @@ func (c *call) retry(a answer, v verdict) (next *http.Request, reason Reason, er
 		return nil, ReasonGetBody, nil
 	}
 	held.discard()
-	c.report(a, now.Sub(a.now), "")
+	c.report(a, waited, "")
 	c.sentAt = now
 	return next, "", nil
 }

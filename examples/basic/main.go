@@ -90,16 +90,14 @@ func run(w io.Writer) error {
 		retryhttp.WithBackoff(50*time.Millisecond, 500*time.Millisecond), // short waits for a demo
 		retryhttp.WithLogger(logger),
 		retryhttp.WithOnRetry(func(e retryhttp.RetryEvent) {
-			what := fmt.Sprint(e.Status)
-			if e.Err != nil {
-				what = e.Err.Error()
-			}
-			if e.Reason != "" {
-				fmt.Fprintf(w, "  hook: try %d got %s, not retried: %s\n", e.Attempt, what, e.Reason)
-				return
-			}
-			fmt.Fprintf(w, "  hook: try %d got %s, retrying\n", e.Attempt, what)
+			fmt.Fprintf(w, "  hook: try %d got %s, retrying\n", e.Attempt, outcome(e))
 		}),
+		retryhttp.WithOnGiveUp(func(e retryhttp.RetryEvent) {
+			fmt.Fprintf(w, "  hook: try %d got %s, not retried: %s\n", e.Attempt, outcome(e), e.Reason)
+		}),
+		// One demo host plays every kind of server here; learning would
+		// take /flaky's 503s for overload and pace the later demos.
+		retryhttp.WithLearning(false),
 	)
 	defer client.CloseIdleConnections()
 
@@ -137,4 +135,12 @@ func waited(d time.Duration) string {
 		return ""
 	}
 	return fmt.Sprintf(", %.0f s of it waiting as the server asked", d.Seconds())
+}
+
+// outcome is what a try got: its status, or its error.
+func outcome(e retryhttp.RetryEvent) string {
+	if e.Err != nil {
+		return e.Err.Error()
+	}
+	return fmt.Sprint(e.Status)
 }
