@@ -107,7 +107,7 @@ func relFuzzTransport(t *testing.T, status int, h http.Header) {
 			}
 		}
 	}
-	_, named := tr.serverWait(&http.Response{StatusCode: status, Header: h}, relFuzzNow)
+	_, named := serverWait(&http.Response{StatusCode: status, Header: h}, relFuzzNow, announced(h, relFuzzNow).limit > 0)
 	for _, ev := range events {
 		if ev.Delay < 0 || ev.Delay > relFuzzMax {
 			t.Fatalf("event delay %v outside [0, %v]: %+v", ev.Delay, relFuzzMax, ev)

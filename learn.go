@@ -300,18 +300,18 @@ func (c *call) observe(n int, resp *http.Response, err error) answer {
 	h, code := resp.Header, resp.StatusCode
 	quota := len(h["X-Ratelimit-Remaining"]) > 0 || len(h["Ratelimit-Remaining"]) > 0 ||
 		len(h["Ratelimit"]) > 0 || len(h["X-Ratelimit-Limit"]) > 0
-	if code < 400 && !quota && t.retryIf == nil {
+	if code < 400 && !quota && t.retryIf == nil && !t.statuses.has(code) {
 		return a
 	}
 	now := t.clock.Now()
 	a.now = now
-	a.wait, a.named = t.serverWait(resp, now)
-	if a.named && a.wait > 0 {
-		t.park(c.ctx, c.hostName(), now, max(a.wait, t.raFloor))
-	}
 	var q announcement
 	if quota && !t.noLearning {
 		q = announced(h, now)
+	}
+	a.wait, a.named = serverWait(resp, now, q.limit > 0)
+	if a.named && a.wait > 0 {
+		t.park(c.ctx, c.hostName(), now, max(a.wait, t.raFloor))
 	}
 	refused := code == http.StatusTooManyRequests || (code == http.StatusServiceUnavailable && !a.named)
 	if t.noLearning || (!refused && q.limit == 0) {
@@ -332,10 +332,10 @@ func (c *call) observe(n int, resp *http.Response, err error) answer {
 // serverWait is the wait a response names: Retry-After on an error status,
 // else the reset of a spent quota. A spent quota on a success is the last
 // request the host allows until the reset; when the host also says its
-// rate, learning paces the next ones over the window instead, and the
-// response names no wait: parking the host until the reset would halve
-// what a sliding window allows.
-func (t *Transport) serverWait(resp *http.Response, now time.Time) (time.Duration, bool) {
+// rate (paced says learning paces it), the next ones are spread over the
+// window instead, and the response names no wait: parking the host until
+// the reset would halve what a sliding window allows.
+func serverWait(resp *http.Response, now time.Time, paced bool) (time.Duration, bool) {
 	h := resp.Header
 	if resp.StatusCode >= 400 {
 		if w, ok := retryAfter(h, now); ok {
@@ -343,7 +343,7 @@ func (t *Transport) serverWait(resp *http.Response, now time.Time) (time.Duratio
 		}
 	}
 	w, ok := quotaReset(h, now)
-	if ok && resp.StatusCode < 400 && !t.noLearning && announced(h, now).limit > 0 {
+	if ok && resp.StatusCode < 400 && paced {
 		return 0, false
 	}
 	return w, ok

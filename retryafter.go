@@ -95,25 +95,15 @@ func quotaReset(h http.Header, now time.Time) (wait time.Duration, ok bool) {
 func parseRateLimitField(v string) (secs int64, ok bool) {
 	dictRemaining, dictReset := "", ""
 	for member := range strings.SplitSeq(v, ",") {
-		remaining, reset := "", ""
-		for param := range strings.SplitSeq(member, ";") {
-			key, val, found := strings.Cut(strings.TrimSpace(param), "=")
-			if !found {
-				continue
-			}
-			switch key = strings.TrimSpace(key); {
-			case strings.EqualFold(key, "r"):
-				remaining = val
-			case strings.EqualFold(key, "t"):
-				reset = val
-			case strings.EqualFold(key, "remaining"):
-				dictRemaining = val
-			case strings.EqualFold(key, "reset"):
-				dictReset = val
-			}
+		p := memberParams(member)
+		if p.remaining != "" {
+			dictRemaining = p.remaining
 		}
-		if isZero(remaining) {
-			if s, good := parseSeconds(reset); good && (!ok || s > secs) {
+		if p.reset != "" {
+			dictReset = p.reset
+		}
+		if isZero(p.r) {
+			if s, good := parseSeconds(p.t); good && (!ok || s > secs) {
 				secs, ok = s, true
 			}
 		}
@@ -124,6 +114,32 @@ func parseRateLimitField(v string) (secs int64, ok bool) {
 		}
 	}
 	return secs, ok
+}
+
+// rateLimitParams are the parameters of one member of the RateLimit
+// field: r and t in the list form, remaining and reset in the dictionary
+// form; empty when absent.
+type rateLimitParams struct{ r, t, remaining, reset string }
+
+func memberParams(member string) rateLimitParams {
+	var p rateLimitParams
+	for param := range strings.SplitSeq(member, ";") {
+		key, val, found := strings.Cut(strings.TrimSpace(param), "=")
+		if !found {
+			continue
+		}
+		switch key = strings.TrimSpace(key); {
+		case strings.EqualFold(key, "r"):
+			p.r = val
+		case strings.EqualFold(key, "t"):
+			p.t = val
+		case strings.EqualFold(key, "remaining"):
+			p.remaining = val
+		case strings.EqualFold(key, "reset"):
+			p.reset = val
+		}
+	}
+	return p
 }
 
 // parseSeconds reads a whole, non-negative number of seconds that fits a
@@ -261,35 +277,16 @@ func parsePolicy(v string) (quota int, window time.Duration) {
 // least remaining.
 func parseRateLimitState(v string) (remaining int, reset time.Duration, ok bool) {
 	for member := range strings.SplitSeq(v, ",") {
-		r, t := int64(-1), int64(-1)
-		for param := range strings.SplitSeq(member, ";") {
-			key, val, found := strings.Cut(strings.TrimSpace(param), "=")
-			if !found {
-				continue
-			}
-			switch key = strings.TrimSpace(key); {
-			case strings.EqualFold(key, "r"):
-				r, _ = parseInt(val)
-			case strings.EqualFold(key, "t"):
-				t, _ = parseInt(val)
-			}
-		}
-		if r >= 0 && r <= math.MaxInt32 && (!ok || int(r) < remaining) {
-			remaining, reset, ok = int(r), -1, true
-			if t >= 0 {
+		p := memberParams(member)
+		r := remainingOf(p.r)
+		if r >= 0 && (!ok || r < remaining) {
+			remaining, reset, ok = r, -1, true
+			if t, good := parseSeconds(p.t); good {
 				reset = time.Duration(t) * time.Second
 			}
 		}
 	}
 	return remaining, reset, ok
-}
-
-func parseInt(v string) (int64, bool) {
-	n, ok := parseSeconds(v)
-	if !ok {
-		return -1, false
-	}
-	return n, true
 }
 
 // remainingOf reads a remaining count, -1 when absent or unusable.

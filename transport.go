@@ -238,15 +238,13 @@ func (c *call) retry(a answer, v verdict) (next *http.Request, reason Reason, er
 				refund()
 				return nil, "", err
 			}
-			held.keep()
 			refund()
-			return nil, refusalReason(err), nil
+			return nil, refusalReason(err), nil // a.resp goes back as held
 		}
 		waited += now.Sub(woke)
 	}
 	next, err = c.rewind()
 	if err != nil {
-		held.keep()
 		refund()
 		return nil, ReasonGetBody, nil
 	}
@@ -414,10 +412,6 @@ func hold(resp *http.Response) held {
 	resp.Body = &peekedBody{prefix: bytes.NewReader(data), rest: http.NoBody, err: err}
 	return h
 }
-
-// keep hands the response back to the caller: nothing more to do, its body
-// reads as it would have.
-func (h held) keep() {}
 
 // discard closes what is left of the response: the retry is on its way.
 func (h held) discard() {
