@@ -70,7 +70,16 @@ var relFuzzStatuses = []int{429, 503, 500, 200, 403, 301}
 // that every wait the Transport reports or makes is in [0, max], that a
 // named wait it retries after is at least the floor, and that each request
 // ends with the base's answer or a fast failure on a parked host.
+//
+// With learning on, the hostile headers reach the learner too: a pace it
+// learns adds to the waits (up to a slot of the slowest learned pace per
+// request), and every sleep stays within the max all the same.
 func relFuzzTransport(t *testing.T, status int, h http.Header) {
+	relFuzzOnce(t, status, h, false)
+	relFuzzOnce(t, status, h, true)
+}
+
+func relFuzzOnce(t *testing.T, status int, h http.Header, learning bool) {
 	clk := &relFakeClock{now: relFuzzNow}
 	var events []RetryEvent
 	base := relRoundTripFunc(func(r *http.Request) (*http.Response, error) {
@@ -84,8 +93,14 @@ func relFuzzTransport(t *testing.T, status int, h http.Header) {
 		WithBackoff(100*time.Millisecond, relFuzzBackoffMax),
 		WithRetryAfterLimits(relFuzzFloor, relFuzzMax),
 		WithRand(func() float64 { return 0.999 }),
+		WithLearning(learning),
 		onEvents(func(ev RetryEvent) { events = append(events, ev) }),
 	)
+	maxDelay, maxBackoff := relFuzzMax, relFuzzBackoffMax
+	if learning {
+		slowest := time.Duration(float64(time.Second) / learnMinRate)
+		maxDelay, maxBackoff = maxDelay+2*slowest, maxBackoff+2*slowest
+	}
 	for i := range 2 {
 		req, _ := http.NewRequest(http.MethodGet, "http://fuzz.test/x", nil)
 		resp, err := tr.RoundTrip(req)
@@ -109,14 +124,14 @@ func relFuzzTransport(t *testing.T, status int, h http.Header) {
 	}
 	_, named := serverWait(&http.Response{StatusCode: status, Header: h}, relFuzzNow, announced(h, relFuzzNow).limit > 0)
 	for _, ev := range events {
-		if ev.Delay < 0 || ev.Delay > relFuzzMax {
-			t.Fatalf("event delay %v outside [0, %v]: %+v", ev.Delay, relFuzzMax, ev)
+		if ev.Delay < 0 || ev.Delay > maxDelay {
+			t.Fatalf("event delay %v outside [0, %v]: %+v", ev.Delay, maxDelay, ev)
 		}
 		if ev.Reason == "" && named && ev.Delay < relFuzzFloor {
 			t.Fatalf("a named wait of %v, below the floor %v", ev.Delay, relFuzzFloor)
 		}
-		if ev.Reason == "" && !named && ev.Delay > relFuzzBackoffMax {
-			t.Fatalf("a backoff of %v, beyond its max %v", ev.Delay, relFuzzBackoffMax)
+		if ev.Reason == "" && !named && ev.Delay > maxBackoff {
+			t.Fatalf("a backoff of %v, beyond its max %v", ev.Delay, maxBackoff)
 		}
 	}
 	for _, d := range clk.sleeps {

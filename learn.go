@@ -32,19 +32,21 @@ import (
 //   - A host not heard of for learnTTL is forgotten.
 
 const (
-	learnBeta      = 0.9              // a cut keeps this share of what was accepted
-	learnHold      = time.Second      // no second cut, and no growth, this soon after a cut
-	learnGrowEvery = time.Second      // the pace grows at most this often
-	learnStep      = 0.1              // the first growth step after a cut
-	learnNear      = 0.95             // growth slows down at this share of the rate refused
-	learnNoise     = 0.1              // a 503 is overload when refusals are this share of what was sent
-	learnMinRate   = 0.5              // the slowest pace a cut sets without a hint, attempts a second
-	learnMaxRate   = 1_000_000        // an announced rate above this is absurd, and ignored
-	learnTTL       = 60 * time.Second // a host quiet this long forgets what was learned
-	learnWatch     = 10 * time.Second // an unpaced host that refused nothing this long is forgotten
-	learnIdle      = 3 * time.Second  // a sweep forgets a host quiet this long
-	learnHorizon   = time.Second      // a learned pace hands out slots no further ahead
-	learnMaxWindow = 24 * time.Hour   // an announced window longer than this is ignored
+	learnBeta      = 0.9                    // a cut keeps this share of what was accepted
+	learnHold      = time.Second            // no second cut, and no growth, this soon after a cut
+	learnGrowEvery = time.Second            // the pace grows at most this often
+	learnStep      = 0.1                    // the first growth step after a cut
+	learnNear      = 0.95                   // growth slows down at this share of the rate refused
+	learnNoise     = 0.1                    // a 503 is overload when refusals are this share of what was sent
+	learnMinRate   = 0.5                    // the slowest pace a cut sets without a hint, attempts a second
+	learnMaxRate   = 1_000_000              // an announced rate above this is absurd, and ignored
+	learnTTL       = 60 * time.Second       // a host quiet this long forgets what was learned
+	learnWatch     = 10 * time.Second       // an unpaced host that refused nothing this long is forgotten
+	learnIdle      = 3 * time.Second        // a sweep forgets a host quiet this long
+	learnHorizon   = 250 * time.Millisecond // a learned pace hands out slots no further ahead
+	learnPlateau   = 2 * time.Second        // the pace stays just below the rate refused this long
+	learnMaxWindow = 24 * time.Hour         // an announced window longer than this is ignored
+	learnMaxAhead  = 10 * time.Second       // an empty bucket holds the next slot back this long at most
 )
 
 // capacity is what the in-process limiter learned of one host.
@@ -53,12 +55,15 @@ type capacity struct {
 	announced   float64       // the rate the host announces; 0: none
 	quota       int           // the quota it announces: the bucket's size
 	window      time.Duration // the longest reset it named: the window, when it names none
-	refusedAt   float64       // the rate last refused; 0: never refused
+	refusedAt   float64       // what the host accepted when it last refused more; 0: never refused
 	step        float64       // the next growth step
 	refusals    bool          // refused at least once: no burst since
 	holdUntil   time.Time
+	nearAt      time.Time // when the pace reached just below refusedAt
+	burstCut    bool      // the last cut was of an unpaced host's burst
 	grownAt     time.Time
-	busyAt      time.Time // an attempt waited for the learned pace
+	busyAt      time.Time // a request last waited for the learned pace
+	pending     float64   // sent and not answered yet, as far as answers tell
 	seen        time.Time
 	lastRefusal time.Time
 	sent        sliding
@@ -112,31 +117,38 @@ func (l *localLimiter) paceOf(host string, st *hostState, configured Pace, now t
 	}
 	c.seen = now
 	if c.rate > 0 && !now.Before(c.holdUntil) && now.Sub(c.grownAt) >= learnGrowEvery {
-		if now.Sub(c.busyAt) < learnGrowEvery {
+		// Grow only a pace that holds requests back: one that sends all
+		// that comes has shown nothing more of the host.
+		switch sent := c.sent.lastSecond(now); {
+		case now.Sub(c.busyAt) < learnGrowEvery:
 			l.grow(host, st, now)
+		case c.announced == 0 && sent < c.rate/2 && now.Sub(c.lastRefusal) >= learnWatch:
+			// Demand is far below a pace the host has not refused for
+			// a while: the pace holds nothing back, and is dropped.
+			l.setRate(host, st, 0, now)
 		}
 		c.grownAt = now
 	}
 	return configured.min(c.pace())
 }
 
-// grow raises a learned pace that demand keeps up with: fast, then slowly
-// near the rate last refused; past twice that, on a host that announces
-// nothing, the pace is dropped.
+// grow raises a learned pace that demand keeps up with: up to just below
+// the rate the host accepted when it last refused, a while there, then
+// faster and faster past it, in case the host can take more now.
 func (l *localLimiter) grow(host string, st *hostState, now time.Time) {
 	c := st.cap
 	next := c.rate * (1 + c.step)
 	near := learnNear * c.refusedAt
-	if c.rate < near && next > near {
-		next, c.step = near, learnStep/2
-	} else {
+	switch {
+	case c.rate < near && next >= near:
+		// Just below the rate refused: stay a while before probing past it.
+		next, c.step, c.nearAt = near, learnStep/2, now
+	case !c.nearAt.IsZero() && now.Sub(c.nearAt) < learnPlateau:
+		return
+	default:
 		c.step = min(2*c.step, 1)
 	}
-	next = min(next, c.ceiling())
-	if c.announced == 0 && c.refusedAt > 0 && next >= 2*c.refusedAt {
-		next = 0
-	}
-	l.setRate(host, st, next, now)
+	l.setRate(host, st, min(next, c.ceiling()), now)
 }
 
 func (l *localLimiter) Learn(_ context.Context, host string, sig Signal) (Pace, error) {
@@ -161,15 +173,20 @@ func (l *localLimiter) Learn(_ context.Context, host string, sig Signal) (Pace, 
 	}
 	c := st.cap
 	c.seen = now
+	// One answer in: one fewer in flight. A new host had in flight at most
+	// what the process sent lately, this answer's request among them.
+	if fresh {
+		// What this host got before it was counted: at most what the
+		// process sent to every host.
+		c.sent.add(now, sig.Sent)
+		c.pending = max(sig.Sent-1, 0)
+	} else {
+		c.pending = max(c.pending-1, 0)
+	}
 	if sig.Limit > 0 {
 		l.learnQuota(host, st, sig)
 	}
 	if sig.Refused {
-		if fresh {
-			// What this host got before it was counted: at most what the
-			// process sent to every host.
-			c.sent.add(now, sig.Sent)
-		}
 		c.refused.add(now, 1)
 		c.lastRefusal = now
 		l.learnRefusal(host, st, sig)
@@ -190,19 +207,34 @@ func (l *localLimiter) learnQuota(host string, st *hostState, sig Signal) {
 		return
 	}
 	r := float64(sig.Limit) / window.Seconds()
-	if r > learnMaxRate || r < 1/learnMaxWindow.Seconds() {
+	if r > learnMaxRate {
 		return
 	}
+	// A quota of a few a day is not paced a request an hour: pacing stays
+	// at learnMinRate at least, and the host's refusals, parking it until
+	// its reset within the Retry-After bounds, keep to the rest.
+	r = max(r, learnMinRate)
 	c.announced, c.quota = r, sig.Limit
 	if c.rate == 0 || c.rate > c.ceiling() {
 		l.setRate(host, st, c.ceiling(), sig.Now)
 	}
 	if sig.Remaining >= 0 && c.rate > 0 {
+		// The bucket holds what remains at most: what the host says, less
+		// what was sent to it and not answered yet (it was sent within the
+		// last second). Short of that, the next slot waits a slot for each
+		// one missing, but not past the reset.
 		p := c.pace()
-		// The bucket holds what remains at most: its next slot is no
-		// earlier than the host's tokens allow.
-		floor := sig.Now.Add(time.Duration(p.Burst-min(sig.Remaining, p.Burst)) * p.interval())
-		if st.tat.Before(floor) {
+		interval, tolerance := p.interval(), time.Duration(p.Burst-1)*p.interval()
+		avail := sig.Remaining - int(math.Ceil(min(c.pending, c.sent.lastSecond(sig.Now))))
+		// Bounded by the reset, and by learnMaxAhead whatever the host
+		// says: a spent quota that lasts is the host's to say with a
+		// refusal, which parks it within the Retry-After bounds.
+		ahead := time.Duration(p.Burst-min(avail, p.Burst)) * interval
+		if sig.Reset > 0 {
+			ahead = min(ahead, sig.Reset+tolerance)
+		}
+		ahead = min(ahead, learnMaxAhead+tolerance)
+		if floor := sig.Now.Add(ahead); st.tat.Before(floor) {
 			st.tat = floor
 		}
 	}
@@ -215,32 +247,44 @@ func (l *localLimiter) learnRefusal(host string, st *hostState, sig Signal) {
 	// What the process sent to every host bounds what this host got,
 	// including a burst sent before the host was counted.
 	sent, refused := max(c.sent.lastSecond(now), sig.Sent), c.refused.lastSecond(now)
+	// A 503 is overload when refusals are a tenth of what was sent, and
+	// not a lone one, unless the pace is probing past what the host took
+	// when it last refused: that is where a lone refusal is expected.
+	probing := c.rate > 0 && c.rate > learnNear*c.refusedAt
 	overload := sig.Wait > 0 || sig.Status == http.StatusTooManyRequests ||
-		(refused >= 2 && refused >= learnNoise*sent)
+		((refused >= 2 || probing) && refused >= learnNoise*sent)
 	if !overload {
 		return
 	}
-	target := learnBeta * max(sent-refused, 0)
+	// What the host accepted in the last second is what it can take, at
+	// most; a Retry-After of w seconds on a 429 says at least 1/w.
+	accepted := max(sent-refused, 0)
 	if sig.Wait > 0 {
-		target = max(target, 1/sig.Wait.Seconds())
+		accepted = max(accepted, 1/sig.Wait.Seconds())
 	}
-	target = min(max(target, learnMinRate), c.ceiling())
+	accepted = max(accepted, learnMinRate)
+	target := min(learnBeta*accepted, c.ceiling())
 	if now.Before(c.holdUntil) {
-		// The same burst: its refusals say more of what was accepted.
-		if target < c.rate {
+		// The refusals of the burst that made the first cut, arriving
+		// after it, say more of what was accepted. After a cut of a paced
+		// host they are its own late refusals, and say nothing new.
+		if c.burstCut && target < c.rate {
+			c.refusedAt = min(c.refusedAt, accepted)
 			l.setRate(host, st, target, now)
 		}
 		return
 	}
-	offered := c.rate
-	if offered == 0 {
-		offered = sent
+	// The rate to stay under: what the host accepted; for a host that
+	// announces its quota and refused the pace it was held to, that pace
+	// (the announcement already says what it accepts).
+	c.burstCut, c.refusedAt, c.refusals = c.rate == 0, accepted, true
+	if c.rate > 0 {
+		target = min(target, learnBeta*c.rate)
+		if c.announced > 0 {
+			c.refusedAt = c.rate
+		}
 	}
-	if offered > 0 {
-		target = min(target, learnBeta*offered)
-	}
-	c.refusedAt, c.refusals = offered, true
-	c.step, c.holdUntil, c.grownAt = learnStep, now.Add(learnHold), now
+	c.step, c.holdUntil, c.grownAt, c.nearAt = learnStep, now.Add(learnHold), now, time.Time{}
 	l.setRate(host, st, max(target, min(learnMinRate, c.ceiling())), now)
 }
 

@@ -223,6 +223,9 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 		horizon = learnHorizon
 	}
 	delay, ok := st.take(a.Now, pace, a.Latest, horizon)
+	if st.cap != nil && delay >= pace.interval() {
+		st.cap.busyAt = a.Now // a request is queued behind another: the pace binds
+	}
 	if !ok {
 		if horizon > 0 && delay > horizon && (a.Latest.IsZero() || !a.Now.Add(delay).After(a.Latest)) {
 			return Reservation{AskAgain: a.Now.Add(delay - horizon)}, nil
@@ -230,9 +233,6 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 		return Reservation{Delay: delay}, nil
 	}
 	st.count(a.Now)
-	if st.cap != nil && delay > 0 {
-		st.cap.busyAt = a.Now
-	}
 	res := Reservation{OK: true, Delay: delay}
 	if delay > 0 {
 		interval := pace.interval()
@@ -284,6 +284,7 @@ func (st *hostState) giveBack(now time.Time, interval time.Duration) {
 func (st *hostState) count(now time.Time) {
 	if st.cap != nil {
 		st.cap.sent.add(now, 1)
+		st.cap.pending++
 	}
 }
 

@@ -492,10 +492,6 @@ func QuotaRetryhttp(opts ...retryhttp.Option) Outcome {
 	return out.from(host, http.StatusTooManyRequests)
 }
 
-// quotaOptions are retryhttp's defaults but for the tries: with 3, some
-// pages are still refused when their tries run out.
-var quotaOptions = []retryhttp.Option{retryhttp.WithMaxAttempts(10)}
-
 // ---- a host whose capacity rises mid-run: 5/s, then 40/s ----
 
 const (

@@ -125,7 +125,7 @@ func Rows() []Row {
 			"(for MaxParking, 1 h, at most), and the next request fails fast.",
 	}.arrivals(day, parked))
 
-	quota, quotaRH := QuotaNaive(), QuotaRetryhttp(quotaOptions...)
+	quota, quotaRH := QuotaNaive(), QuotaRetryhttp()
 	rows = append(rows, Row{
 		Scenario: "a host that announces its quota (10 per 1 s window), 30 workers, 150 pages",
 		Naive:    pagesServed(quota, quotaPages),
@@ -134,9 +134,9 @@ func Rows() []Row {
 		How: "the host counts a fixed window of 10 requests a second and says so on every answer " +
 			"(X-RateLimit-Limit, -Remaining, -Reset); the 11th and later in a window get 429 with " +
 			"Retry-After: 1. 30 workers take the pages from a shared queue. Naive sleeps the " +
-			"Retry-After and asks again until served; retryhttp, one GET a page through one Transport: " +
-			"its defaults but WithMaxAttempts(10), so that tries are not what runs out (the default " +
-			"budget, NewBudget(0.1, 1), stays on). \"last at\" is when the last page served came back.",
+			"Retry-After and asks again until served; retryhttp, one GET a page through one Transport, " +
+			"all defaults (3 tries, the default budget): it paces at the announced rate from the first " +
+			"answer, so only the first burst is refused. \"last at\" is when the last page served came back.",
 		SVG:           "lab-quota.svg",
 		Capacity:      quotaLimit,
 		CapacityLabel: "the quota: 10 requests per 1 s window, 429 to the rest",
