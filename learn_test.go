@@ -1,0 +1,276 @@
+package retryhttp
+
+// Issue 10: learning each host's capacity. The lab (examples/lab) and the
+// real middlewares (bench/TestLimiters) show the figures; these tests pin
+// the behaviour each rule promises, on a virtual clock.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// workers runs n goroutines that each send GETs to url through rt until d
+// has passed on the bubble's clock, and returns the 200s they got.
+func workers(t *testing.T, rt http.RoundTripper, url string, n int, d time.Duration) int {
+	t.Helper()
+	var ok atomic.Int64
+	end := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(end) && i < 100_000; i++ {
+				resp, err := send(rt, http.MethodGet, url, "", nil)
+				if err != nil {
+					continue
+				}
+				if resp.StatusCode == http.StatusOK {
+					ok.Add(1)
+				}
+				readAll(resp)
+			}
+		})
+	}
+	wg.Wait()
+	return int(ok.Load())
+}
+
+// noisyHost answers after 10 ms, and 503 (no Retry-After) to 1 % of
+// requests at random, whatever the load.
+type noisyHost struct {
+	mu  sync.Mutex
+	rnd *rand.Rand
+}
+
+func (h *noisyHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	time.Sleep(10 * time.Millisecond)
+	h.mu.Lock()
+	fail := h.rnd.Float64() < 0.01
+	h.mu.Unlock()
+	if fail {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	w.Write([]byte("ok"))
+}
+
+// Noise is not overload: a host that fails 1 % of requests at random keeps
+// at least 95 % of the throughput it has with learning off.
+func TestLearnNoiseKeepsThroughput(t *testing.T) {
+	run := func(learning bool) int {
+		var got int
+		synctest.Test(t, func(t *testing.T) {
+			net := newPipeNet(&noisyHost{rnd: rand.New(rand.NewPCG(7, 7))})
+			defer net.close()
+			tr := New(WithBase(net.tr), WithLearning(learning), fixedRand(0.5))
+			got = workers(t, tr, "http://noisy.test/", 20, 20*time.Second)
+		})
+		return got
+	}
+	off, on := run(false), run(true)
+	t.Logf("20 workers, 20 s, 1 %% random 503: %d served without learning, %d with", off, on)
+	if on*100 < off*95 {
+		t.Errorf("learning kept %d of %d (%.1f %%), want at least 95 %%", on, off, 100*float64(on)/float64(off))
+	}
+}
+
+// A host that never refuses and announces nothing is never paced, and the
+// limiter keeps nothing of it: its requests stay on the success path.
+func TestLearnNeverRefusedNeverPaced(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		net := newPipeNet(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(10 * time.Millisecond)
+			w.Write([]byte("ok"))
+		}))
+		defer net.close()
+		tr := New(WithBase(net.tr))
+		workers(t, tr, "http://fine.test/", 10, 5*time.Second)
+		p, err := tr.HostPace(context.Background(), "fine.test")
+		if err != nil || !p.Unlimited() {
+			t.Errorf("HostPace = %+v, %v; want unlimited", p, err)
+		}
+		if l := tr.limiter.(*localLimiter); l.learning.Load() != 0 || relHostEntries(tr) != 0 {
+			t.Errorf("the limiter keeps %d learning hosts, %d entries; want none", l.learning.Load(), relHostEntries(tr))
+		}
+	})
+}
+
+// quotaHost announces 10 per 1 s window on every answer, the reset as a
+// delay, and refuses the 11th in a window with 429 and Retry-After: 1.
+type quotaHost struct {
+	mu     sync.Mutex
+	window int64
+	used   int
+	hits   int
+}
+
+func (h *quotaHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	h.mu.Lock()
+	h.hits++
+	if sec := now.Unix(); sec != h.window {
+		h.window, h.used = sec, 0
+	}
+	refuse := h.used >= 10
+	if !refuse {
+		h.used++
+	}
+	left := 10 - h.used
+	h.mu.Unlock()
+	w.Header().Set("X-RateLimit-Limit", "10")
+	w.Header().Set("X-RateLimit-Remaining", strconv.Itoa(left))
+	w.Header().Set("X-RateLimit-Reset", "1")
+	if refuse {
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusTooManyRequests)
+		return
+	}
+	w.Write([]byte("ok"))
+}
+
+// An announced quota sets the host's pace from the first answer, readable
+// with HostPace, said once in the log; a configured pace stays an upper
+// bound; learning off leaves the host unpaced.
+func TestLearnAnnouncedQuota(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []Option
+		want rate.Limit
+		took time.Duration // for 30 more pages, at most
+	}{
+		{"learning", nil, 10, 4 * time.Second},
+		{"configured pace below it", []Option{WithPace(4, 1)}, 4, 8 * time.Second},
+		{"learning off", []Option{WithLearning(false)}, rate.Inf, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				host := &quotaHost{}
+				net := newPipeNet(host)
+				defer net.close()
+				var log bytes.Buffer
+				logger := slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{
+					ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+						if a.Key == slog.TimeKey {
+							return slog.Attr{}
+						}
+						return a
+					}}))
+				tr := New(append([]Option{WithBase(net.tr), WithLogger(logger)}, tc.opts...)...)
+				if code, _ := get(t, tr, "http://quota.test/"); code != 200 {
+					t.Fatalf("first request: %d", code)
+				}
+				p, err := tr.HostPace(context.Background(), "QUOTA.test:80")
+				if err != nil || p.Limit != tc.want {
+					t.Errorf("HostPace = %+v, %v; want %v a second", p, err, tc.want)
+				}
+				learned := strings.Count(log.String(), `msg="retryhttp: learned pace" host=quota.test from=0 to=10`)
+				if wantLines := map[bool]int{true: 0, false: 1}[tc.name == "learning off"]; learned != wantLines {
+					t.Errorf("%d log lines for the learned pace, want %d:\n%s", learned, wantLines, log.String())
+				}
+				// 30 more pages by 3 workers: at the pace, one refused at
+				// most (the bucket holds the 9 the first answer said were
+				// left, and refills while the fixed window is still spent).
+				start := time.Now()
+				var wg sync.WaitGroup
+				for range 3 {
+					wg.Go(func() {
+						for range 10 {
+							get(t, tr, "http://quota.test/")
+						}
+					})
+				}
+				wg.Wait()
+				took := time.Since(start)
+				if tc.took > 0 && (host.hits > 32 || took > tc.took) {
+					t.Errorf("%d requests for 31 pages in %v; want at most one refused, within %v", host.hits, took, tc.took)
+				}
+				if tc.took == 0 && host.hits <= 32 {
+					t.Errorf("learning off: %d requests for 31 pages; the host should have refused a burst", host.hits)
+				}
+			})
+		})
+	}
+}
+
+// Contradictory and absurd announcements are ignored, never a hang: a
+// zero or huge window, a huge quota, garbage.
+func TestLearnAbsurdAnnouncements(t *testing.T) {
+	for _, h := range []map[string]string{
+		{"Ratelimit-Policy": "10;w=0"},
+		{"Ratelimit-Policy": "100000000;w=1"},
+		{"Ratelimit-Policy": "0;w=1"},
+		{"Ratelimit-Policy": "10;w=999999999"},
+		{"X-Ratelimit-Limit": "99999999999", "X-Ratelimit-Reset": "1"},
+		{"X-Ratelimit-Limit": "-5", "X-Ratelimit-Reset": "1"},
+		{"X-Ratelimit-Limit": "10"}, // no window, no reset
+		{"X-Ratelimit-Limit": "ten", "X-Ratelimit-Reset": "1"},
+	} {
+		t.Run(fmt.Sprint(h), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				host := newStub(map[string][]step{"/": {{status: 200, headers: h}}})
+				net := newPipeNet(host)
+				defer net.close()
+				tr := New(WithBase(net.tr))
+				start := time.Now()
+				for range 50 {
+					get(t, tr, "http://absurd.test/")
+				}
+				if took := time.Since(start); took > time.Second {
+					t.Errorf("50 requests took %v: the announcement paced the host", took)
+				}
+			})
+		})
+	}
+}
+
+// A host that refuses without numbers is paced below what it accepted,
+// and the pace grows back when the host can take more.
+func TestLearnRefusalsCutAndGrowBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var capacity atomic.Int64
+		capacity.Store(5)
+		var mu sync.Mutex
+		seen := map[int64]int64{}
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(10 * time.Millisecond)
+			sec := time.Now().Unix()
+			mu.Lock()
+			seen[sec]++
+			busy := seen[sec] > capacity.Load()
+			mu.Unlock()
+			if busy {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
+			w.Write([]byte("ok"))
+		})
+		net := newPipeNet(h)
+		defer net.close()
+		tr := New(WithBase(net.tr), WithBudget(nil), WithMaxAttempts(20))
+		served := workers(t, tr, "http://cap.test/", 30, 10*time.Second)
+		p, _ := tr.HostPace(context.Background(), "cap.test")
+		if p.Unlimited() || p.Limit > 6.5 || p.Limit < 3.5 {
+			t.Errorf("pace %v after 10 s at 5 a second, want about 5", p.Limit)
+		}
+		if served < 40 {
+			t.Errorf("%d served in 10 s at 5 a second, want at least 40", served)
+		}
+		capacity.Store(40)
+		served = workers(t, tr, "http://cap.test/", 30, 10*time.Second)
+		if served < 200 {
+			t.Errorf("%d served in the 10 s after the host took 40 a second, want at least 200", served)
+		}
+	})
+}
