@@ -18,24 +18,26 @@ import (
 //   - A host that announces its quota (X-RateLimit-Limit with a reset,
 //     RateLimit-Policy) is paced at the announced rate, quota over window,
 //     with a bucket of the quota that never holds more than the host says
-//     remains.
+//     remains, less what was sent to it and not answered yet.
 //   - A refusal (a 429, or a 503 that names no wait) that is not noise (a
 //     429 always; a 503 when refusals are at least a tenth of what the host
-//     got in the last second) cuts the pace to 0.9 of what the host accepted
-//     in that second, once a second; refusals of the same burst arriving
-//     after the cut lower it further to what they show was accepted.
-//   - While demand keeps up with the pace and nothing is refused, the pace
-//     grows each second, by 10 %, then 20 %, 40 %... up to doubling, but
-//     only to 0.95 of the rate last refused before probing past it slowly.
-//     A pace that doubles the rate last refused, on a host that announces
-//     nothing, is dropped: the host is unpaced again.
+//     got in the last second, and more than one unless the pace is probing
+//     past what the host took before) cuts the pace to 0.9 of what the host
+//     accepted in that second, once a second; refusals of the same burst
+//     arriving after the cut lower it further to what they show was
+//     accepted, and the pace starts when the burst's second is over.
+//   - While requests queue for the pace and nothing is refused, the pace
+//     grows each second, by 10 %, then 30 %, 90 %, then doubling, but stays
+//     2 s at 0.95 of what the host accepted when it last refused before
+//     probing past it, from 5 %. A pace that holds nothing back, on a host
+//     that refused nothing for learnWatch, is dropped.
 //   - A host not heard of for learnTTL is forgotten.
 
 const (
 	learnBeta      = 0.9                    // a cut keeps this share of what was accepted
 	learnHold      = time.Second            // no second cut, and no growth, this soon after a cut
 	learnGrowEvery = time.Second            // the pace grows at most this often
-	learnStep      = 0.1                    // the first growth step after a cut
+	learnStep      = 0.1                    // the first growth step after a cut; each next one is three times it, up to 1
 	learnNear      = 0.95                   // growth slows down at this share of the rate refused
 	learnNoise     = 0.1                    // a 503 is overload when refusals are this share of what was sent
 	learnMinRate   = 0.5                    // the slowest pace a cut sets without a hint, attempts a second
@@ -146,7 +148,7 @@ func (l *localLimiter) grow(host string, st *hostState, now time.Time) {
 	case !c.nearAt.IsZero() && now.Sub(c.nearAt) < learnPlateau:
 		return
 	default:
-		c.step = min(2*c.step, 1)
+		c.step = min(3*c.step, 1)
 	}
 	l.setRate(host, st, min(next, c.ceiling()), now)
 }
@@ -285,6 +287,11 @@ func (l *localLimiter) learnRefusal(host string, st *hostState, sig Signal) {
 		}
 	}
 	c.step, c.holdUntil, c.grownAt, c.nearAt = learnStep, now.Add(learnHold), now, time.Time{}
+	if c.burstCut && st.tat.Before(now.Add(learnHold)) {
+		// What the host accepted of the burst it took from the second
+		// that is still running: the pace starts when that second ends.
+		st.tat = now.Add(learnHold)
+	}
 	l.setRate(host, st, max(target, min(learnMinRate, c.ceiling())), now)
 }
 
