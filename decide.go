@@ -69,7 +69,7 @@ type answer struct {
 
 // decide says whether the failure of try a.n is retried, and after what
 // wait. It has no side effects.
-func (c *call) decide(a answer) verdict {
+func (c *call) decide(a *answer) verdict {
 	t := c.t
 	if !c.retryable(a.resp, a.err) {
 		return verdict{}
@@ -102,19 +102,19 @@ func (c *call) decide(a answer) verdict {
 // final, and so is a refusal by a Transport of ours nested below this one:
 // it already waited for the host as long as it could.
 func (c *call) retryable(resp *http.Response, err error) bool {
-	if c.ctx.Err() != nil {
+	var worth bool
+	switch {
+	case err != nil && ownRefusal(err):
 		return false
+	case c.t.retryIf != nil:
+		worth = c.t.retryIf(resp, err)
+	case resp != nil:
+		worth = c.t.statuses.has(resp.StatusCode)
+	default:
+		worth = transientError(c.ctx, err)
 	}
-	if err != nil && ownRefusal(err) {
-		return false
-	}
-	if c.t.retryIf != nil {
-		return c.t.retryIf(resp, err)
-	}
-	if resp != nil {
-		return c.t.statuses.has(resp.StatusCode)
-	}
-	return transientError(c.ctx, err)
+	// Asked last: the success path needs no look at the context.
+	return worth && c.ctx.Err() == nil
 }
 
 // DefaultRetryIf is the classification a Transport uses without
@@ -196,14 +196,14 @@ func PeekBody(resp *http.Response, n int) ([]byte, error) {
 	if err == io.EOF || err == io.ErrUnexpectedEOF {
 		err = nil
 	}
-	resp.Body = &peekedBody{prefix: bytes.NewReader(buf), rest: resp.Body, err: err}
+	resp.Body = &peekedBody{prefix: *bytes.NewReader(buf), rest: resp.Body, err: err}
 	return append([]byte(nil), buf...), err
 }
 
 // peekedBody is a body whose first bytes were read by PeekBody: it gives
 // them again, then the rest.
 type peekedBody struct {
-	prefix *bytes.Reader
+	prefix bytes.Reader
 	rest   io.ReadCloser
 	err    error // the error the peek met, returned after the prefix
 }

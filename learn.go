@@ -338,21 +338,23 @@ func (s *sliding) lastSecond(now time.Time) float64 {
 }
 
 // observe reads what an answer says of its host, parks the host when it
-// named a wait and tells the limiter what it says of the host's capacity.
-// It returns the answer for decide. A plain success costs no clock reading,
-// no parsing and no call to the limiter.
-func (c *call) observe(n int, resp *http.Response, err error) answer {
-	t := c.t
-	a := answer{n: n, resp: resp, err: err}
+// named a wait and tells the limiter what it says of the host's capacity,
+// and fills in a for decide. It reports false for a plain success: nothing
+// to observe and nothing to decide, at the cost of three header lookups,
+// no clock reading, no parsing and no call to the limiter.
+func (c *call) observe(a *answer) bool {
+	t, resp := c.t, a.resp
 	if resp == nil {
 		a.now = t.clock.Now()
-		return a
+		return true
 	}
 	h, code := resp.Header, resp.StatusCode
-	quota := len(h["X-Ratelimit-Remaining"]) > 0 || len(h["Ratelimit-Remaining"]) > 0 ||
-		len(h["Ratelimit"]) > 0 || len(h["X-Ratelimit-Limit"]) > 0
+	// Three lookups: a host that announces a quota says what remains of
+	// it too (X-RateLimit-Limit comes with -Remaining, RateLimit-Policy
+	// with RateLimit or RateLimit-Remaining).
+	quota := len(h["X-Ratelimit-Remaining"]) > 0 || len(h["Ratelimit-Remaining"]) > 0 || len(h["Ratelimit"]) > 0
 	if code < 400 && !quota && t.retryIf == nil && !t.statuses.has(code) {
-		return a
+		return false
 	}
 	now := t.clock.Now()
 	a.now = now
@@ -366,10 +368,10 @@ func (c *call) observe(n int, resp *http.Response, err error) answer {
 	}
 	refused := code == http.StatusTooManyRequests || (code == http.StatusServiceUnavailable && !a.named)
 	if t.noLearning || (!refused && q.limit == 0) {
-		return a
+		return true
 	}
 	sig := Signal{Now: now, Refused: refused, Status: code, Limit: q.limit, Window: q.window,
-		Reset: q.reset, Remaining: q.remaining, Sent: t.sent.lastSecond(now)}
+		Reset: q.reset, Remaining: q.remaining, Sent: t.sentLastSecond(now)}
 	if code == http.StatusTooManyRequests && a.named {
 		sig.Wait = max(a.wait, t.raFloor)
 	}
@@ -377,7 +379,7 @@ func (c *call) observe(n int, resp *http.Response, err error) answer {
 		t.logger.LogAttrs(c.ctx, slog.LevelWarn, "retryhttp: learning failed",
 			slog.String("host", c.hostName()), slog.String("error", lerr.Error()))
 	}
-	return a
+	return true
 }
 
 // serverWait is the wait a response names: Retry-After on an error status,

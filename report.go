@@ -71,7 +71,7 @@ func (c *call) fail(n int, err error) error {
 
 // report calls the OnRetry hook (reason empty) or the OnGiveUp hook, and
 // logs one line.
-func (c *call) report(a answer, delay time.Duration, reason Reason) {
+func (c *call) report(a *answer, delay time.Duration, reason Reason) {
 	t := c.t
 	status := 0
 	if a.resp != nil {
@@ -113,7 +113,7 @@ func (c *call) report(a answer, delay time.Duration, reason Reason) {
 }
 
 // giveUp reports a failure handed back although it was worth a retry.
-func (c *call) giveUp(a answer, reason Reason) { c.report(a, 0, reason) }
+func (c *call) giveUp(a *answer, reason Reason) { c.report(a, 0, reason) }
 
 // Logs and errors name a request by method, scheme, host and path only:
 // queries carry tokens, and user info carries passwords.

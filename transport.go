@@ -28,7 +28,8 @@ type Transport struct {
 	// nothing is parked or learned.
 	free *localLimiter
 	// sent counts this Transport's attempts, all hosts, in one-second
-	// buckets: what a host that starts refusing can have got at most.
+	// buckets, when it has no budget to count its first tries: what a host
+	// that starts refusing can have got at most.
 	sent counter
 }
 
@@ -96,8 +97,11 @@ func (t *Transport) roundTripOnce(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 	}
+	if t.markNested {
+		req = req.WithContext(&passedDownCtx{Context: req.Context(), method: methodOf(req), url: req.URL})
+	}
 	resp, err := c.send(req, now)
-	c.observe(1, resp, err)
+	c.observe(&answer{n: 1, resp: resp, err: err})
 	return resp, err
 }
 
@@ -145,20 +149,23 @@ func (c *call) run() (*http.Response, error) {
 	areq := c.base
 	for n := 1; ; n++ {
 		resp, err := c.send(areq, now)
-		a := c.observe(n, resp, err)
-		v := c.decide(a)
+		a := answer{n: n, resp: resp, err: err}
+		if !c.observe(&a) {
+			return resp, nil // a plain success
+		}
+		v := c.decide(&a)
 		if !v.retry {
 			if v.reason != "" {
-				c.giveUp(a, v.reason)
+				c.giveUp(&a, v.reason)
 			}
 			return c.finish(n, resp, err)
 		}
-		next, reason, ferr := c.retry(a, v)
+		next, reason, ferr := c.retry(&a, v)
 		switch {
 		case ferr != nil:
 			return nil, c.fail(n, ferr)
 		case reason != "":
-			c.giveUp(a, reason)
+			c.giveUp(&a, reason)
 			return c.finish(n, a.resp, err)
 		}
 		areq, now = next, c.sentAt
@@ -172,8 +179,8 @@ func (c *call) send(req *http.Request, now time.Time) (*http.Response, error) {
 	if c.trace != nil {
 		c.trace.reset()
 	}
-	if !t.noLearning {
-		t.sent.add(now)
+	if t.budget == nil && !t.noLearning {
+		t.sent.add(now) // the budget counts first tries otherwise: see sentLastSecond
 	}
 	var (
 		resp *http.Response
@@ -182,11 +189,6 @@ func (c *call) send(req *http.Request, now time.Time) (*http.Response, error) {
 	switch {
 	case t.inner != nil:
 		resp, err = t.inner.roundTripOnce(req)
-	case t.markNested:
-		// Marked for the Transport of ours that may lie behind this
-		// unknown base; only this request, not others made with its
-		// context (an auth wrapper fetching a token), is nested for it.
-		resp, err = t.base.RoundTrip(req.WithContext(markPassedDown(req)))
 	default:
 		resp, err = t.base.RoundTrip(req)
 	}
@@ -206,7 +208,7 @@ func (c *call) send(req *http.Request, now time.Time) (*http.Response, error) {
 // try. When the retry cannot happen after all, it returns why, with a.resp
 // still whole for the caller; err is set only when the context ended the
 // wait (R9: the response is closed then).
-func (c *call) retry(a answer, v verdict) (next *http.Request, reason Reason, err error) {
+func (c *call) retry(a *answer, v verdict) (next *http.Request, reason Reason, err error) {
 	t := c.t
 	// A retry the server scheduled (it named the wait) is not a storm: the
 	// budget is for the retries nobody asked for.
@@ -221,6 +223,18 @@ func (c *call) retry(a answer, v verdict) (next *http.Request, reason Reason, er
 		if charged {
 			t.budget.refund(a.now)
 		}
+	}
+	if v.delay <= 0 && t.admitted(a.now) {
+		// Nothing to wait for: the retry goes now, so the response need
+		// not be kept, only drained for its connection.
+		if next, err = c.rewind(); err != nil {
+			refund()
+			return nil, ReasonGetBody, nil
+		}
+		drain(a.resp)
+		c.report(a, 0, "")
+		c.sentAt = a.now
+		return next, "", nil
 	}
 	held := hold(a.resp)
 	if werr := t.clock.Sleep(c.ctx, v.delay); werr != nil {
@@ -277,6 +291,12 @@ func (c *call) prepare() {
 	if t.maxAttempts > 1 && !needKey && !replayable(req) {
 		c.trace = newSendTrace()
 		ctx = httptrace.WithClientTrace(ctx, &c.trace.trace)
+	}
+	if t.markNested {
+		// Marked for the Transport of ours that may lie behind this
+		// unknown base; only this request, not others made with its
+		// context (an auth wrapper fetching a token), is nested for it.
+		ctx = &passedDownCtx{Context: ctx, method: methodOf(req), url: req.URL}
 	}
 	if ctx == c.ctx && !needKey {
 		return
@@ -344,10 +364,6 @@ func (p *passedDownCtx) Value(key any) any {
 	return p.Context.Value(key)
 }
 
-func markPassedDown(req *http.Request) context.Context {
-	return &passedDownCtx{Context: req.Context(), method: methodOf(req), url: req.URL}
-}
-
 // passedDown reports whether req is a request that an outer Transport of
 // ours passed down: its context is marked for it, and it goes where the
 // marked request went (wrappers between the two may clone it, keeping the
@@ -388,10 +404,14 @@ type held struct {
 // or the response handed back.
 func hold(resp *http.Response) held {
 	h := held{resp: resp}
-	if resp == nil || resp.Body == nil || resp.Body == http.NoBody {
+	switch {
+	case resp == nil || resp.Body == nil || resp.Body == http.NoBody:
 		return h
-	}
-	if resp.ContentLength > drainLimit {
+	case resp.ContentLength == 0:
+		resp.Body.Close() // nothing to read: its end frees the connection
+		resp.Body = http.NoBody
+		return h
+	case resp.ContentLength > drainLimit:
 		h.body = resp.Body
 		return h
 	}
@@ -399,18 +419,52 @@ func hold(resp *http.Response) held {
 	// Closing the body from another goroutine ends a blocked read in
 	// net/http's bodies, and in every wrapper that passes Close on.
 	stop := time.AfterFunc(drainTime, func() { body.Close() })
-	// One byte past the limit tells a body of exactly the limit, read to
-	// its EOF (which is what frees the connection), from a longer one.
-	data, err := io.ReadAll(io.LimitReader(body, drainLimit+1))
+	data, err := readBounded(body, resp.ContentLength)
 	stop.Stop()
 	if len(data) > drainLimit {
 		h.body = body
-		resp.Body = &peekedBody{prefix: bytes.NewReader(data), rest: body}
+		resp.Body = &peekedBody{prefix: *bytes.NewReader(data), rest: body}
 		return h
 	}
 	body.Close()
-	resp.Body = &peekedBody{prefix: bytes.NewReader(data), rest: http.NoBody, err: err}
+	resp.Body = &peekedBody{prefix: *bytes.NewReader(data), rest: http.NoBody, err: err}
 	return h
+}
+
+// readBounded reads a body of the given length, or, when it is unknown,
+// up to one byte past drainLimit: that tells a body of exactly the limit,
+// read to its EOF (which is what frees the connection), from a longer one.
+func readBounded(body io.Reader, length int64) ([]byte, error) {
+	if length > 0 {
+		data := make([]byte, length)
+		n, err := io.ReadFull(body, data)
+		if err == nil {
+			// Read to the EOF, which is what hands net/http's connection
+			// back; a body longer than it said is not read further.
+			var one [1]byte
+			if _, err = body.Read(one[:]); err == io.EOF {
+				err = nil
+			}
+		}
+		return data[:n], err
+	}
+	return io.ReadAll(io.LimitReader(body, drainLimit+1))
+}
+
+// drain reads what is left of a retried response's body, up to drainLimit
+// and for at most drainTime, and closes it, so that a keep-alive connection
+// goes back to the pool; a longer body is closed unread.
+func drain(resp *http.Response) {
+	if resp == nil || resp.Body == nil {
+		return
+	}
+	if resp.ContentLength < 0 || resp.ContentLength <= drainLimit {
+		body := resp.Body
+		stop := time.AfterFunc(drainTime, func() { body.Close() })
+		io.CopyN(io.Discard, body, drainLimit+1)
+		stop.Stop()
+	}
+	resp.Body.Close()
 }
 
 // discard closes what is left of the response: the retry is on its way.
@@ -420,4 +474,15 @@ func (h held) discard() {
 	} else if h.resp != nil && h.resp.Body != nil {
 		h.resp.Body.Close()
 	}
+}
+
+// sentLastSecond is how many requests the Transport sent lately, to every
+// host: the budget's count of first tries when it has a budget (shared, it
+// counts those of every Transport sharing it, a bound all the same), so
+// that the success path pays for one count, not two.
+func (t *Transport) sentLastSecond(now time.Time) float64 {
+	if t.budget != nil {
+		return t.budget.firsts.lastSecond(now)
+	}
+	return t.sent.lastSecond(now)
 }

@@ -91,6 +91,10 @@ func newRetryhttp(base http.RoundTripper) doer {
 		retryhttp.WithBackoff(time.Nanosecond, time.Nanosecond),
 		retryhttp.WithRand(func() float64 { return 0 }),
 		retryhttp.WithBudget(retryhttp.NewBudget(1, 1000)),
+		// Every first try of Retry503 is a 503: learning would take the
+		// host for overloaded and pace it, and the case is the retry's
+		// cost, as for the peers, which learn nothing.
+		retryhttp.WithLearning(false),
 	)}
 	return func(req *http.Request, _ []byte) (*http.Response, error) { return c.Do(req) }
 }
