@@ -276,3 +276,40 @@ func TestLearnRefusalsCutAndGrowBack(t *testing.T) {
 		}
 	})
 }
+
+// No spurious ErrHostPaused: 30 workers behind WithPace(10, 10) against a
+// host that parks itself every second (its 429s say Retry-After: 1) wait
+// out each parking, however often it comes, and are never failed with a
+// moment no server named.
+func TestLearnNoSpuriousHostPaused(t *testing.T) {
+	for _, learning := range []bool{false, true} {
+		synctest.Test(t, func(t *testing.T) {
+			net := newPipeNet(&quotaHost{})
+			defer net.close()
+			tr := New(WithBase(net.tr), WithPace(10, 10), WithLearning(learning), WithMaxAttempts(10))
+			var paused, served atomic.Int64
+			var wg sync.WaitGroup
+			for range 30 {
+				wg.Go(func() {
+					for range 5 {
+						resp, err := send(tr, http.MethodGet, "http://parks.test/", "", nil)
+						switch {
+						case err != nil:
+							paused.Add(1)
+							t.Logf("error: %v", err)
+						case resp.StatusCode == http.StatusOK:
+							served.Add(1)
+						}
+						if resp != nil {
+							readAll(resp)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if paused.Load() != 0 || served.Load() != 150 {
+				t.Errorf("learning %v: %d served, %d failed; want 150 and none", learning, served.Load(), paused.Load())
+			}
+		})
+	}
+}
