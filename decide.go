@@ -27,8 +27,10 @@ const (
 	// ReasonNotIdempotent: the request may have reached the server, and
 	// its method and headers do not make it safe to send again.
 	ReasonNotIdempotent Reason = "not idempotent"
-	// ReasonNoRewind: the body cannot be sent again: no GetBody.
-	ReasonNoRewind Reason = "body cannot be rewound (no GetBody)"
+	// ReasonNoRewind: the body cannot be sent again: it has no GetBody,
+	// and it is no io.Seeker and is longer than the replay limit
+	// (WithReplayLimit), or it failed, or the base did not close it.
+	ReasonNoRewind Reason = "body cannot be sent again"
 	// ReasonGetBody: GetBody returned an error.
 	ReasonGetBody Reason = "GetBody failed"
 	// ReasonServerWait: the server named a wait beyond the Retry-After max.
@@ -74,15 +76,15 @@ func (c *call) decide(a *answer) verdict {
 	if !c.retryable(a.resp, a.err) {
 		return verdict{}
 	}
-	if t.maxAttempts == 1 {
+	if c.maxAttempts == 1 {
 		return verdict{} // retries are off: there is nothing to refuse
 	}
 	switch {
-	case a.n >= t.maxAttempts:
+	case a.n >= c.maxAttempts:
 		return verdict{reason: ReasonAttempts}
 	case !c.repeatable(a.resp, a.err):
 		return verdict{reason: ReasonNotIdempotent}
-	case !rewindable(c.req):
+	case !rewindable(c.req) && (c.replay == nil || !c.replay.possible()):
 		return verdict{reason: ReasonNoRewind}
 	case a.named && a.wait > t.raMax:
 		return verdict{reason: ReasonServerWait}
@@ -106,8 +108,8 @@ func (c *call) retryable(resp *http.Response, err error) bool {
 	switch {
 	case err != nil && ownRefusal(err):
 		return false
-	case c.t.retryIf != nil:
-		worth = c.t.retryIf(resp, err)
+	case c.retryIf != nil:
+		worth = c.retryIf(resp, err)
 	case resp != nil:
 		worth = c.t.statuses.has(resp.StatusCode)
 	default:

@@ -243,3 +243,56 @@ func ExampleRetryError() {
 	}
 	// Output: GET attempts: 3
 }
+
+// A policy on a request's context changes that request's retries: more
+// tries for one that must get through, none for a health check.
+func ExampleContextWithPolicy() {
+	srv := flaky(3, nil)
+	defer srv.Close()
+	client := retryhttp.NewClient(
+		retryhttp.WithBackoff(time.Millisecond, 10*time.Millisecond),
+		retryhttp.WithLearning(false), // this server fails whatever the pace
+	)
+
+	probe := retryhttp.ContextWithPolicy(context.Background(), retryhttp.PolicyNoRetry())
+	req, _ := http.NewRequestWithContext(probe, http.MethodGet, srv.URL, nil)
+	resp, _ := client.Do(req)
+	resp.Body.Close()
+	fmt.Println("health check:", resp.StatusCode)
+
+	mustGet := retryhttp.ContextWithPolicy(context.Background(), retryhttp.PolicyMaxAttempts(5))
+	req, _ = http.NewRequestWithContext(mustGet, http.MethodGet, srv.URL, nil)
+	resp, _ = client.Do(req)
+	resp.Body.Close()
+	fmt.Println("must get:", resp.StatusCode)
+	// Output:
+	// health check: 503
+	// must get: 200
+}
+
+// A body without GetBody, such as an SDK's own reader, is copied as the
+// base reads it (up to 256 KiB by default) and sent again on a retry.
+func ExampleWithReplayLimit() {
+	var tries atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		fmt.Printf("try %d: %d bytes\n", tries.Add(1), len(body))
+		if tries.Load() == 1 {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	}))
+	defer srv.Close()
+	client := retryhttp.NewClient(
+		retryhttp.WithBackoff(time.Millisecond, 10*time.Millisecond),
+		retryhttp.WithReplayLimit(1<<20), // bodies up to 1 MiB can be retried
+	)
+	upload := io.NopCloser(strings.NewReader(strings.Repeat("x", 64<<10))) // no GetBody
+	req, _ := http.NewRequest(http.MethodPut, srv.URL, upload)
+	resp, _ := client.Do(req)
+	resp.Body.Close()
+	fmt.Println(resp.Status)
+	// Output:
+	// try 1: 65536 bytes
+	// try 2: 65536 bytes
+	// 200 OK
+}

@@ -276,5 +276,5 @@ func fixedRand(r float64) Option { return WithRand(func() float64 { return r }) 
 // onEvents sends both hooks' events to f, in the order they happen: the
 // tests read retries and refusals as one story.
 func onEvents(f func(RetryEvent)) Option {
-	return func(c *config) { c.onRetry, c.onGiveUp = f, f }
+	return func(c *config) { WithOnRetry(f)(c); WithOnGiveUp(f)(c) }
 }

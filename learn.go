@@ -353,7 +353,7 @@ func (c *call) observe(a *answer) bool {
 	// it too (X-RateLimit-Limit comes with -Remaining, RateLimit-Policy
 	// with RateLimit or RateLimit-Remaining).
 	quota := len(h["X-Ratelimit-Remaining"]) > 0 || len(h["Ratelimit-Remaining"]) > 0 || len(h["Ratelimit"]) > 0
-	if code < 400 && !quota && t.retryIf == nil && !t.statuses.has(code) {
+	if code < 400 && !quota && c.retryIf == nil && !t.statuses.has(code) {
 		return false
 	}
 	now := t.clock.Now()
@@ -364,7 +364,13 @@ func (c *call) observe(a *answer) bool {
 	}
 	a.wait, a.named = serverWait(resp, now, q.limit > 0)
 	if a.named && a.wait > 0 {
-		t.park(c.ctx, c.hostName(), now, max(a.wait, t.raFloor))
+		until := t.park(c.ctx, c.hostName(), now, max(a.wait, t.raFloor))
+		if len(t.onPark) > 0 {
+			ev := ParkEvent{Request: c.req, Host: c.hostName(), Until: until, Status: resp.StatusCode}
+			for _, hook := range t.onPark {
+				hook(ev)
+			}
+		}
 	}
 	refused := code == http.StatusTooManyRequests || (code == http.StatusServiceUnavailable && !a.named)
 	if t.noLearning || (!refused && q.limit == 0) {

@@ -26,6 +26,10 @@ const (
 	// DefaultRetryAfterMax is the longest server-named wait the Transport
 	// sleeps through; a longer one makes it give up at once and park the host.
 	DefaultRetryAfterMax = 60 * time.Second
+	// DefaultReplayLimit is the largest request body without GetBody that
+	// the Transport keeps a copy of, as the base reads it, to send again on
+	// a retry; see WithReplayLimit.
+	DefaultReplayLimit = 256 << 10
 	// MaxParking bounds how long one answer can park a host, however far
 	// away the moment it names: a mistaken "Retry-After: 86400" takes a host
 	// off line for an hour at most.
@@ -63,7 +67,9 @@ type config struct {
 	budgetSet               bool
 	noLearning              bool
 	autoKey                 bool
-	onRetry, onGiveUp       func(RetryEvent)
+	replayLimit             int64
+	onRetry, onGiveUp       []func(RetryEvent)
+	onPark                  []func(ParkEvent)
 	logger                  *slog.Logger
 	rand                    func() float64
 	clock                   Clock
@@ -116,6 +122,9 @@ func newConfig(opts []Option) config {
 	}
 	if c.rand == nil {
 		c.rand = rand.Float64
+	}
+	if c.replayLimit == 0 {
+		c.replayLimit = DefaultReplayLimit
 	}
 	return c
 }
@@ -225,23 +234,56 @@ func WithAutoIdempotencyKey() Option {
 	return func(c *config) { c.autoKey = true }
 }
 
-// WithOnRetry sets a hook called once for every retry, just before it is
+// WithOnRetry adds a hook called once for every retry, just before it is
 // sent: RetryEvent.Delay is how long it waited since the failure (backoff,
 // server-named wait, pace and parking), and Reason is empty. Counting its
-// calls counts the retries. It runs on the goroutine of the request and
-// must not block; nil means no hook.
+// calls counts the retries. Each WithOnRetry adds a hook, called in the
+// order given, so that logging and metrics can each have one. A hook runs
+// on the goroutine of the request and must not block; nil adds none.
 func WithOnRetry(f func(RetryEvent)) Option {
-	return func(c *config) { c.onRetry = f }
+	return func(c *config) {
+		if f != nil {
+			c.onRetry = append(c.onRetry, f)
+		}
+	}
 }
 
-// WithOnGiveUp sets a hook called when a failed try that the
+// WithOnGiveUp adds a hook called when a failed try that the
 // classification says is worth retrying is handed back instead, with
 // RetryEvent.Reason saying why (ReasonAttempts, ReasonBudget, ...). It is
-// not called for answers that are not retried at all (a 404, a 200). It
-// runs on the goroutine of the request and must not block; nil means no
-// hook.
+// not called for answers that are not retried at all (a 404, a 200). Hooks
+// add up and run as WithOnRetry's do; nil adds none.
 func WithOnGiveUp(f func(RetryEvent)) Option {
-	return func(c *config) { c.onGiveUp = f }
+	return func(c *config) {
+		if f != nil {
+			c.onGiveUp = append(c.onGiveUp, f)
+		}
+	}
+}
+
+// WithOnPark adds a hook called when an answer parks its host: a
+// Retry-After, or a spent quota with its reset, names a wait, and every
+// request to the host through the Transport waits until ParkEvent.Until or
+// fails fast with ErrHostPaused. Hooks add up and run as WithOnRetry's do;
+// nil adds none.
+func WithOnPark(f func(ParkEvent)) Option {
+	return func(c *config) {
+		if f != nil {
+			c.onPark = append(c.onPark, f)
+		}
+	}
+}
+
+// WithReplayLimit sets the largest request body without GetBody that can be
+// retried: the Transport keeps a copy of what the base reads of such a body,
+// up to n bytes, and sends the copy on a retry once the base has closed the
+// body. A body that says it is longer (ContentLength), or turns out to be,
+// is sent once, and the Reason of its refused retry is ReasonNoRewind. A
+// body that is an io.Seeker is rewound by seeking instead, whatever its
+// size. Bodies with GetBody, the usual case, are never copied. 0 means the
+// default, DefaultReplayLimit (256 KiB); n < 0 turns copying off.
+func WithReplayLimit(n int64) Option {
+	return func(c *config) { c.replayLimit = n }
 }
 
 // WithLearning turns per-host learning on or off. On, the default, the

@@ -540,14 +540,16 @@ func (t *Transport) paceFor(host string) Pace {
 	return t.pace
 }
 
-// park tells the limiter that host asked for a wait of d from now. The
-// parking is bounded by MaxParking whatever the server said.
-func (t *Transport) park(ctx context.Context, host string, now time.Time, d time.Duration) {
-	d = min(d, MaxParking)
-	if err := t.limiter.Park(ctx, host, now.Add(d)); err != nil && t.logger != nil {
+// park tells the limiter that host asked for a wait of d from now, and
+// returns when the parking ends. The parking is bounded by MaxParking
+// whatever the server said.
+func (t *Transport) park(ctx context.Context, host string, now time.Time, d time.Duration) time.Time {
+	until := now.Add(min(d, MaxParking))
+	if err := t.limiter.Park(ctx, host, until); err != nil && t.logger != nil {
 		t.logger.LogAttrs(ctx, slog.LevelWarn, "retryhttp: parking failed",
 			slog.String("host", host), slog.String("error", err.Error()))
 	}
+	return until
 }
 
 // HostPace returns the pace in force for host (a host name, host:port or

@@ -1,6 +1,7 @@
 package retryhttp
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,6 +33,26 @@ type RetryEvent struct {
 	// Reason is empty for a retry; otherwise why the failure was handed
 	// back as it is: one of the Reason constants.
 	Reason Reason
+}
+
+// ParkEvent describes a host parked by an answer; see WithOnPark.
+type ParkEvent struct {
+	Request *http.Request // the caller's request whose answer named the wait
+	Host    string        // as the Transport names it: lower case, no default port
+	Until   time.Time     // when the parking ends, bounded by MaxParking
+	Status  int           // the status of the answer that named the wait
+}
+
+type resendKey struct{}
+
+// ResendCount returns how many times a Transport of this package sent the
+// request of ctx before this try: 0 for a first try, or for a context no
+// Transport made, 1 for the first retry. It is for what runs below the
+// Transport, in its base: OpenTelemetry's http.request.resend_count on the
+// span of each try, a log line per try.
+func ResendCount(ctx context.Context) int {
+	n, _ := ctx.Value(resendKey{}).(int)
+	return n
 }
 
 // RetryError is returned when the last try ended in an error. It says how
@@ -77,12 +98,15 @@ func (c *call) report(a *answer, delay time.Duration, reason Reason) {
 	if a.resp != nil {
 		status = a.resp.StatusCode
 	}
-	hook := t.onRetry
+	hooks := t.onRetry
 	if reason != "" {
-		hook = t.onGiveUp
+		hooks = t.onGiveUp
 	}
-	if hook != nil {
-		hook(RetryEvent{Request: c.req, Attempt: a.n, Delay: delay, Status: status, Err: a.err, Key: c.key, Reason: reason})
+	if len(hooks) > 0 {
+		ev := RetryEvent{Request: c.req, Attempt: a.n, Delay: delay, Status: status, Err: a.err, Key: c.key, Reason: reason}
+		for _, hook := range hooks {
+			hook(ev)
+		}
 	}
 	if t.logger == nil {
 		return

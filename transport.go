@@ -88,7 +88,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // parks and learns like any, and leaves the retries and the budget to the
 // outer.
 func (t *Transport) roundTripOnce(req *http.Request) (*http.Response, error) {
-	c := call{t: t, req: req, ctx: req.Context()}
+	c := call{t: t, req: req, ctx: req.Context(), retryIf: t.retryIf}
 	now := t.clock.Now()
 	if !t.admitted(now) {
 		var err error
@@ -116,6 +116,11 @@ type call struct {
 	base   *http.Request // req with what every attempt shares: the key, the marks
 	trace  *sendTrace    // set for requests that are not replayable
 	sentAt time.Time     // when the retry that retry prepared was admitted
+	replay *replay       // the body, when it has no GetBody and may be sent again
+	// maxAttempts and retryIf are the Transport's, or the request's
+	// policy (ContextWithPolicy).
+	maxAttempts int
+	retryIf     func(*http.Response, error) bool
 }
 
 // hostName is the host the call goes to, made on first use: the success
@@ -134,6 +139,9 @@ func (c *call) hostName() string {
 func (c *call) run() (*http.Response, error) {
 	t := c.t
 	c.prepare()
+	if c.replay != nil {
+		defer c.replay.finish()
+	}
 	now := t.clock.Now()
 	c.start = now
 	if !t.admitted(now) {
@@ -224,12 +232,12 @@ func (c *call) retry(a *answer, v verdict) (next *http.Request, reason Reason, e
 			t.budget.refund(a.now)
 		}
 	}
-	if v.delay <= 0 && t.admitted(a.now) {
+	if v.delay <= 0 && t.admitted(a.now) && c.replay == nil {
 		// Nothing to wait for: the retry goes now, so the response need
 		// not be kept, only drained for its connection.
-		if next, err = c.rewind(); err != nil {
+		if next, reason = c.rewind(a.n); reason != "" {
 			refund()
-			return nil, ReasonGetBody, nil
+			return nil, reason, nil
 		}
 		drain(a.resp)
 		c.report(a, 0, "")
@@ -257,10 +265,13 @@ func (c *call) retry(a *answer, v verdict) (next *http.Request, reason Reason, e
 		}
 		waited += now.Sub(woke)
 	}
-	next, err = c.rewind()
-	if err != nil {
+	if next, reason = c.rewind(a.n); reason != "" {
 		refund()
-		return nil, ReasonGetBody, nil
+		if cerr := c.ctx.Err(); cerr != nil { // ended the wait for the base to let go of the body
+			held.discard()
+			return nil, "", fmt.Errorf("retryhttp: cancelled while waiting to retry: %w", cerr)
+		}
+		return nil, reason, nil // a.resp goes back as held
 	}
 	held.discard()
 	c.report(a, waited, "")
@@ -287,8 +298,12 @@ func (c *call) prepare() {
 	t, req := c.t, c.req
 	c.base = req
 	ctx := c.ctx
+	c.applyPolicy()
 	needKey := t.autoKey && wantsAutoKey(req)
-	if t.maxAttempts > 1 && !needKey && !replayable(req) {
+	if c.maxAttempts > 1 && req.GetBody == nil {
+		c.replay = newReplay(req, t.replayLimit)
+	}
+	if c.maxAttempts > 1 && !needKey && !replayable(req) {
 		c.trace = newSendTrace()
 		ctx = httptrace.WithClientTrace(ctx, &c.trace.trace)
 	}
@@ -298,10 +313,13 @@ func (c *call) prepare() {
 		// context (an auth wrapper fetching a token), is nested for it.
 		ctx = &passedDownCtx{Context: ctx, method: methodOf(req), url: req.URL}
 	}
-	if ctx == c.ctx && !needKey {
+	if ctx == c.ctx && !needKey && c.replay == nil {
 		return
 	}
 	r := req.WithContext(ctx)
+	if c.replay != nil {
+		r.Body = c.replay.first()
+	}
 	if needKey {
 		c.key = newIdempotencyKey()
 		r.Header = req.Header.Clone()
@@ -313,19 +331,29 @@ func (c *call) prepare() {
 	c.base = r
 }
 
-// rewind returns the request for a retry, with a fresh body from GetBody.
-func (c *call) rewind() (*http.Request, error) {
-	if c.req.Body == nil || c.req.Body == http.NoBody {
-		return c.base, nil
+// rewind returns the request for retry n (n = the tries so far), with a
+// fresh body and the resend count on its context, or the reason it cannot
+// be had.
+func (c *call) rewind(n int) (*http.Request, Reason) {
+	r := c.base.WithContext(context.WithValue(c.base.Context(), resendKey{}, n))
+	switch {
+	case c.req.Body == nil || c.req.Body == http.NoBody:
+	case c.req.GetBody != nil:
+		body, err := c.req.GetBody()
+		if err != nil {
+			return nil, ReasonGetBody
+		}
+		r.Body = body
+	case c.replay != nil:
+		body, ok := c.replay.next(c.ctx, c.t.clock)
+		if !ok {
+			return nil, ReasonNoRewind
+		}
+		r.Body = body
+	default:
+		return nil, ReasonNoRewind
 	}
-	body, err := c.req.GetBody()
-	if err != nil {
-		return nil, err
-	}
-	r := new(http.Request)
-	*r = *c.base
-	r.Body = body
-	return r, nil
+	return r, ""
 }
 
 // finish returns the outcome of the last try.
