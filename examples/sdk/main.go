@@ -5,6 +5,9 @@
 //
 //	cd examples/sdk && go run .
 //
+// setup.go configures aws-sdk-go-v2's S3 and slack-go the same way; the
+// tests prove, against the real SDKs, what each then does (README.md).
+//
 // It is a module of its own so that the core's go.mod does not depend on
 // stripe-go.
 package main
@@ -110,16 +113,12 @@ func (s *stub) Seen(path string) []seen {
 	return out
 }
 
-// newStripe returns a stripe client whose every request goes through
-// retryhttp to baseURL, with stripe-go's own retries off.
-func newStripe(baseURL string, onRetry func(retryhttp.RetryEvent)) *stripe.Client {
-	httpClient := retryhttp.NewClient(
-		retryhttp.WithBackoff(20*time.Millisecond, 200*time.Millisecond), // short waits for a demo
-		retryhttp.WithOnRetry(onRetry),
-	)
+// newStripe returns a stripe client whose every request goes through hc to
+// baseURL, with stripe-go's own retries off.
+func newStripe(baseURL string, hc *http.Client) *stripe.Client {
 	config := &stripe.BackendConfig{
 		URL:               stripe.String(baseURL),
-		HTTPClient:        httpClient,
+		HTTPClient:        hc,
 		MaxNetworkRetries: stripe.Int64(0), // retryhttp retries; stripe-go must not retry again
 		EnableTelemetry:   stripe.Bool(false),
 		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
@@ -137,12 +136,15 @@ func run(w io.Writer) error {
 }
 
 func demo(ctx context.Context, w io.Writer, s *stub, baseURL string) error {
-	sc := newStripe(baseURL, func(e retryhttp.RetryEvent) {
-		if e.Reason == "" {
-			fmt.Fprintf(w, "  retryhttp: try %d got %d, retrying with Idempotency-Key %s\n",
-				e.Attempt, e.Status, e.Request.Header.Get("Idempotency-Key"))
-		}
-	})
+	sc := newStripe(baseURL, retryhttp.NewClient(
+		retryhttp.WithBackoff(20*time.Millisecond, 200*time.Millisecond), // short waits for a demo
+		retryhttp.WithOnRetry(func(e retryhttp.RetryEvent) {
+			if e.Reason == "" {
+				fmt.Fprintf(w, "  retryhttp: try %d got %d, retrying with Idempotency-Key %s\n",
+					e.Attempt, e.Status, e.Request.Header.Get("Idempotency-Key"))
+			}
+		}),
+	))
 
 	fmt.Fprintln(w, "V1Customers.Create, answered 503 then 200:")
 	cus, err := sc.V1Customers.Create(ctx, &stripe.CustomerCreateParams{Email: stripe.String("ada@example.com")})
