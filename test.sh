@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 go test -race ./...
-for mod in bench examples/sdk redislimit; do
+for mod in bench examples/sdk redislimit retryotel; do
 	if [ -f "$mod/go.mod" ]; then
 		(cd "$mod" && go test -race ./...)
 	fi
