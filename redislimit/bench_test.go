@@ -27,11 +27,15 @@ func benchLimiters(b *testing.B) map[string]*redislimit.Limiter {
 	addr := redistest.Addr(b)
 	ctxAware := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	b.Cleanup(func() { ctxAware.Close() })
-	return map[string]*redislimit.Limiter{
+	ls := map[string]*redislimit.Limiter{
 		"redis":                       redislimit.New(newClient(b, addr), redislimit.WithPrefix(testPrefix(b))),
 		"redis-ContextTimeoutEnabled": redislimit.New(ctxAware, redislimit.WithPrefix(testPrefix(b))),
 		"inprocess":                   redislimit.New(nil),
 	}
+	for _, l := range ls {
+		b.Cleanup(func() { l.Close() })
+	}
+	return ls
 }
 
 // BenchmarkReserve is the cost of one Reserve: one EVALSHA round trip to

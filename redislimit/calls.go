@@ -17,7 +17,7 @@ import (
 // it. Workers live on between calls, because a fresh goroutine per call
 // costs more than the round trip itself (its stack grows anew through
 // go-redis's call path each time); they are started when needed, at most
-// maxWorkers of them, and leave after workerIdle without work.
+// maxWorkers of them, and leave after workerIdle without work or at Close.
 const (
 	maxWorkers = 64
 	workerIdle = 10 * time.Second
@@ -71,7 +71,7 @@ func (l *Limiter) run(ctx context.Context, s *redis.Script, key string, args ...
 
 // hand gives c to an idle worker, or to a new one while there are fewer
 // than maxWorkers, or else to the first worker free before ctx ends. It
-// reports whether a worker took c.
+// reports whether a worker took c; none does once the Limiter is closed.
 func (l *Limiter) hand(ctx context.Context, c *call) bool {
 	select {
 	case l.calls <- c:
@@ -79,8 +79,11 @@ func (l *Limiter) hand(ctx context.Context, c *call) bool {
 	default:
 	}
 	if l.workers.Add(1) <= maxWorkers {
-		go l.work(c)
-		return true
+		if l.spawn(func() { l.work(c) }) {
+			return true
+		}
+		l.workers.Add(-1) // closed: the call gets no worker
+		return false
 	}
 	l.workers.Add(-1)
 	select {
@@ -92,7 +95,7 @@ func (l *Limiter) hand(ctx context.Context, c *call) bool {
 }
 
 // work runs c, then the calls handed to it, until it has been idle for
-// workerIdle.
+// workerIdle or the Limiter is closed.
 func (l *Limiter) work(c *call) {
 	defer l.workers.Add(-1)
 	idle := time.NewTimer(workerIdle)
@@ -104,6 +107,8 @@ func (l *Limiter) work(c *call) {
 		select {
 		case c = <-l.calls:
 		case <-idle.C:
+			return
+		case <-l.ctx.Done():
 			return
 		}
 	}

@@ -19,6 +19,7 @@ func ExampleNew() {
 		redislimit.WithPrefix("myapp:retryhttp:"),
 		redislimit.WithLogger(slog.Default()),
 	)
+	defer limiter.Close() // stops the goroutines it started; rdb stays open
 	client := retryhttp.NewClient(
 		retryhttp.WithLimiter(limiter),
 		retryhttp.WithPace(10, 1),                      // 10 a second per host, all processes together

@@ -8,6 +8,7 @@ require (
 	github.com/hashicorp/go-cleanhttp v0.5.2
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/retryhttp/retryhttp v0.0.0-00010101000000-000000000000
+	go.uber.org/goleak v1.3.0
 	golang.org/x/time v0.16.0
 )
 

@@ -1,39 +1,48 @@
-// Package redislimit is a retryhttp.Limiter that shares each host's pace
-// and parking across processes through Redis, so that fifty workers behind
-// one egress IP keep to one pace between them and all stop when one of them
-// is told to come back later.
+// Package redislimit is a retryhttp.Limiter that shares each host's pace,
+// parking and learned capacity across processes through Redis, so that
+// fifty workers behind one egress IP keep to one pace between them, all
+// stop when one of them is told to come back later, and together learn
+// what a host that refuses can take.
 //
 //	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
+//	limiter := redislimit.New(rdb)
+//	defer limiter.Close()
 //	client := retryhttp.NewClient(
-//		retryhttp.WithLimiter(redislimit.New(rdb)),
+//		retryhttp.WithLimiter(limiter),
 //		retryhttp.WithPace(10, 1), // 10 requests a second per host, for all processes together
 //	)
 //
 // The pace stays in retryhttp.WithPace and WithHostPace; the Limiter
 // enforces it. Each attempt costs one EVALSHA round trip to Redis, which
 // checks the host's parking and takes its slot in one step (GCRA on the
-// Redis server's clock). When Redis does not answer within a short timeout,
-// the Limiter paces in process instead, logs one warning, and goes back to
-// Redis once it answers again.
+// Redis server's clock); parkings set while a request waits for its slot
+// reach the process through a Redis subscription, so the check after the
+// wait costs nothing. When Redis does not answer within a short timeout,
+// the Limiter paces in process instead, each process at its share of the
+// pace, logs one warning, and goes back to Redis once it answers again.
 package redislimit
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/retryhttp/retryhttp"
-	"golang.org/x/time/rate"
 )
 
 // Defaults.
 const (
-	// DefaultPrefix starts every key the Limiter writes.
+	// DefaultPrefix starts every key the Limiter writes, and the name of
+	// the channel it publishes parkings on (prefix + "parked").
 	DefaultPrefix = "retryhttp:"
 	// DefaultTimeout bounds each call to Redis. A loopback or same-zone
 	// round trip takes well under a millisecond; a Redis that has not
@@ -42,33 +51,56 @@ const (
 	// DefaultProbeInterval is how often a Limiter that fell back to pacing
 	// in process asks Redis again.
 	DefaultProbeInterval = time.Second
+	// checkTimeout bounds the check for a parking after a request's wait,
+	// when it goes to Redis at all (see Reserve).
+	checkTimeout = 5 * time.Millisecond
 	// warnInterval is the least time between two warnings about Redis.
 	warnInterval = time.Minute
 )
 
-// Limiter is a retryhttp.Limiter backed by Redis. Make one with New and
-// share it between the Transports of a process; it is safe for concurrent
-// use. New starts no goroutine: the workers that call a client without
-// ContextTimeoutEnabled start with the first call and leave when idle, and
-// one goroutine hands Redis the parkings set during an outage when it
-// answers again.
+// Limiter is a retryhttp.Limiter backed by Redis. Make one with New, share
+// it between the Transports of a process, and Close it when done; it is
+// safe for concurrent use. New starts no goroutine. The first answer from
+// Redis starts one that listens for parkings (with a *redis.Client or
+// *redis.ClusterClient) and a short-lived one that reads Redis's eviction
+// policy; a client without ContextTimeoutEnabled is called from worker
+// goroutines started when needed, which leave after 10 s idle. Close stops
+// them all.
 type Limiter struct {
-	rdb      redis.UniversalClient
-	prefix   string
-	timeout  time.Duration
-	probe    time.Duration
-	logger   *slog.Logger
-	share    int
-	direct   bool // the client bounds its calls by the context's deadline
-	mem      memory
-	start    time.Time    // origin of the clock readings below
+	rdb     redis.UniversalClient
+	prefix  string
+	channel string // where parkings are published; "" when they are not
+	id      string // this Limiter among the processes sharing a host
+	timeout time.Duration
+	probe   time.Duration
+	logger  *slog.Logger
+	share   int
+	direct  bool // the client bounds its calls by the context's deadline
+	mem     memory
+	start   time.Time // origin of the clock readings below
+
 	down     atomic.Bool  // pacing in process: Redis failed and has not answered since
 	probeAt  atomic.Int64 // when down: the next call to try Redis, in ns since start
+	downAt   atomic.Int64 // when Redis last failed after answering, in ns since start
+	backAt   atomic.Int64 // when Redis last answered after being down, in ns since start
 	warnedAt atomic.Int64 // the last warning, in ns since start
 	unsaid   atomic.Bool  // a warning was logged and its recovery not yet
 	flushing atomic.Bool
-	calls    chan *call   // to idle workers; see run
-	workers  atomic.Int32 // workers running
+	started  atomic.Bool  // the listener and the policy check were started
+	peers    atomic.Int64 // live processes at the last heartbeat, any host
+	// sub is the parking subscription's generation: positive while it is
+	// known to be delivering, a new value each time it (re)subscribes.
+	sub atomic.Int64
+
+	calls   chan *call   // to idle workers; see run
+	workers atomic.Int32 // workers running
+
+	ctx    context.Context // ended by Close
+	cancel context.CancelFunc
+	closed atomic.Bool
+	mu     sync.Mutex     // guards wg.Add against Close, and ps
+	wg     sync.WaitGroup // the goroutines Close waits for
+	ps     *redis.PubSub
 }
 
 var _ retryhttp.Limiter = (*Limiter)(nil)
@@ -80,6 +112,7 @@ type Option func(*Limiter)
 // Each host is one key, prefix + host ("retryhttp:api.example.com"), so
 // processes that must share a pace must share the prefix, and processes
 // that must not, say two tenants on one Redis, need different ones.
+// Parkings are published on the channel prefix + "parked".
 func WithPrefix(prefix string) Option {
 	return func(l *Limiter) { l.prefix = prefix }
 }
@@ -100,18 +133,20 @@ func WithProbeInterval(d time.Duration) Option {
 
 // WithLogger sets the logger for the Limiter's own news: a warning when
 // Redis fails and the Limiter starts pacing in process (at most one a
-// minute however many requests see it), and a line when Redis answers
-// again. nil, the default, logs nothing.
+// minute however many requests see it), a line when Redis answers again,
+// and a warning when Redis may evict the Limiter's keys. nil, the default,
+// logs nothing.
 func WithLogger(logger *slog.Logger) Option {
 	return func(l *Limiter) { l.logger = logger }
 }
 
-// WithFallbackShare sets how many processes are expected to share a host's
-// pace. While Redis does not answer, each process paces on its own at
-// 1/n of the pace (and 1/n of the burst, at least 1), so that n processes
-// together still keep to it. The default, 1, gives each process the whole
-// pace during an outage: n processes then send up to n times the pace, but
-// a single one is never slowed by an outage. Values below 1 mean 1.
+// WithFallbackShare overrides how many processes share a host's pace while
+// Redis does not answer: each then paces at 1/n of the pace (and 1/n of the
+// burst, at least 1). Without it (or with n below 1, the default) each
+// process takes the share Redis last told it: the processes using a host
+// count themselves in Redis, so n needs no setting. Set it only to hold a
+// share fixed whatever Redis counted, say 1 for a process that must never
+// slow down in an outage.
 func WithFallbackShare(n int) Option {
 	return func(l *Limiter) { l.share = n }
 }
@@ -119,7 +154,8 @@ func WithFallbackShare(n int) Option {
 // New returns a Limiter that keeps its state in rdb, which may be a
 // *redis.Client, a *redis.ClusterClient (each host is a single key, so every
 // script runs on one slot), a failover client or a *redis.Ring. A nil rdb
-// makes a Limiter that always paces in process.
+// makes a Limiter that always paces in process. New does not call Redis:
+// call Check to find a misconfigured Redis at start.
 //
 // Each call to Redis is bounded by the Limiter's timeout whatever the
 // client's own timeouts. A client made with ContextTimeoutEnabled honours
@@ -139,9 +175,21 @@ func New(rdb redis.UniversalClient, opts ...Option) *Limiter {
 	if l.probe <= 0 {
 		l.probe = DefaultProbeInterval
 	}
-	l.share = max(l.share, 1)
+	l.share = max(l.share, 0)
 	l.direct = contextAware(rdb)
+	// A Ring publishes on the shard of the host's key and subscribes on
+	// the shard of the channel's name: its parkings would not arrive.
+	switch rdb.(type) {
+	case *redis.Client, *redis.ClusterClient:
+		l.channel = l.prefix + "parked"
+	}
+	// The start time first, so that ids sort by it (see reserveLua).
+	var b [6]byte
+	rand.Read(b[:])
+	l.id = fmt.Sprintf("%016x", l.start.UnixMicro()) + hex.EncodeToString(b[:])
 	l.warnedAt.Store(math.MinInt64 / 2)
+	l.peers.Store(1)
+	l.ctx, l.cancel = context.WithCancel(context.Background())
 	return l
 }
 
@@ -151,46 +199,88 @@ func (l *Limiter) Fallback() bool {
 	return l.rdb == nil || l.down.Load()
 }
 
-// Reserve takes one slot for a.Host at a.Pace, shared with every process
-// that uses the same Redis and prefix, unless the host is parked or the slot
-// would come after a.Latest. Parking and slot are settled by one script, in
-// one round trip. When Redis fails, the slot is taken in process instead and
-// the error is not returned: only the end of ctx is.
+// Close stops the goroutines the Limiter started and waits for them: the
+// parking listener, the worker goroutines (one busy with a call to a
+// client without ContextTimeoutEnabled ends with the client's read
+// timeout) and a hand-over of parkings. It does not close rdb, which the
+// caller owns. Calls after Close return ErrClosed. Close is safe to call
+// more than once, and always returns nil.
+func (l *Limiter) Close() error {
+	l.mu.Lock()
+	if l.closed.Swap(true) {
+		l.mu.Unlock()
+		return nil
+	}
+	l.cancel()
+	if l.ps != nil {
+		l.ps.Close() // ends a read the listener is blocked in
+	}
+	l.mu.Unlock()
+	l.wg.Wait()
+	return nil
+}
+
+// spawn runs f on a goroutine that Close waits for, unless the Limiter is
+// closed; it reports whether it did.
+func (l *Limiter) spawn(f func()) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed.Load() {
+		return false
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		f()
+	}()
+	return true
+}
+
+// Reserve takes one slot for a.Host at a.Pace, or at the pace learned for
+// the host when slower, shared with every process that uses the same Redis
+// and prefix, unless the host is parked or the slot would come after
+// a.Latest. Parking and slot are settled by one script, in one round trip.
+// A check after the wait for a slot (a.CheckOnly) is answered in process
+// while the parking subscription delivers. When Redis is away, the slot is
+// taken in process instead and the error is not returned: only the end of
+// ctx, an answer from Redis that waiting will not cure (a *RefusedError),
+// and ErrClosed are.
 func (l *Limiter) Reserve(ctx context.Context, a retryhttp.Attempt) (retryhttp.Reservation, error) {
-	if a.CheckOnly {
-		a.Pace = retryhttp.Pace{} // the parking alone: no slot
+	if l.closed.Load() {
+		return retryhttp.Reservation{}, ErrClosed
 	}
 	if until, ok := l.mem.parkedUntil(a.Host, a.Now); ok {
 		return retryhttp.Reservation{ParkedUntil: until}, nil
 	}
+	if a.CheckOnly {
+		// A parking set elsewhere since this host's last answer would have
+		// come through the subscription, if it delivered all along.
+		if l.rdb == nil || l.down.Load() {
+			return retryhttp.Reservation{OK: true}, nil
+		}
+		if g := l.sub.Load(); g > 0 && l.mem.subGen(a.Host) == g {
+			return retryhttp.Reservation{OK: true}, nil
+		}
+		a.Pace = retryhttp.Pace{} // the parking alone: no slot
+	}
 	if !l.useRedis() {
-		return l.mem.reserve(a, l.fallbackPace(a.Pace)), nil
-	}
-	var (
-		interval time.Duration
-		burst    int
-	)
-	if !a.Pace.Unlimited() {
-		interval, burst = gcra(a.Pace)
-	}
-	bound := "" // no bound
-	if !a.Latest.IsZero() {
-		if d := a.Latest.Sub(a.Now); d >= 0 {
-			bound = strconv.FormatInt(int64(d/time.Microsecond), 10)
-		} else {
-			bound = "-1" // no slot is early enough, not even one now
+		if a.CheckOnly {
+			return retryhttp.Reservation{OK: true}, nil
 		}
+		return l.mem.reserve(a, a.Pace, l.shares()), nil
 	}
-	ahead := "" // the in-process pacer has no slots still to come
-	if interval > 0 {
-		if d := l.mem.horizon(a.Host, a.Now); d > 0 {
-			ahead = strconv.FormatInt(int64(d/time.Microsecond), 10)
-		}
+	call := ctx
+	if a.CheckOnly {
+		// The request's slot has come: a check that takes longer than a
+		// moment would send it late, onto the next one's slot. A check
+		// that does not answer in time is taken to have found nothing.
+		var cancel context.CancelFunc
+		call, cancel = context.WithTimeout(ctx, min(l.timeout, checkTimeout))
+		defer cancel()
 	}
 	start := time.Now()
-	res, err := l.run(ctx, reserveScript, l.prefix+a.Host,
-		int64(interval/time.Microsecond), burst, bound, ahead)
-	if err == nil && len(res) < 2 {
+	res, err := l.run(call, reserveScript, l.prefix+a.Host, l.reserveArgs(a)...)
+	if err == nil && len(res) < 9 {
 		err = fmt.Errorf("redislimit: unexpected answer from the reserve script: %v", res)
 	}
 	// Delay is counted from a.Now, and the call took elapsed. Redis counts
@@ -202,53 +292,106 @@ func (l *Limiter) Reserve(ctx context.Context, a retryhttp.Attempt) (retryhttp.R
 		if cerr := ctx.Err(); cerr != nil {
 			return retryhttp.Reservation{}, cerr
 		}
-		l.fail(err)
-		// The in-process pacer counts from now, not from before the
-		// failed call: a slot counted from a.Now would be up to a timeout
-		// in the past, and its attempt would go out with the next one.
-		b := a
-		b.Now = a.Now.Add(elapsed)
-		r := l.mem.reserve(b, l.fallbackPace(a.Pace))
-		if r.Delay > 0 || r.OK {
-			r.Delay += elapsed
+		if permanent(err) {
+			return retryhttp.Reservation{}, &RefusedError{Op: "reserve", Key: l.prefix + a.Host, Err: err}
 		}
-		return r, nil
+		if a.CheckOnly {
+			return retryhttp.Reservation{OK: true}, nil
+		}
+		l.fail(err)
+		return l.local(a, elapsed), nil
 	}
 	l.answered()
+	return l.reservation(a, res, elapsed), nil
+}
+
+// reserveArgs are the reserve script's arguments for a: the pace, the
+// latest moment a slot may take, how far ahead this process handed out
+// slots in process, the mode, and this process's id when its heartbeat
+// is due.
+func (l *Limiter) reserveArgs(a retryhttp.Attempt) []any {
+	var (
+		interval time.Duration
+		burst    int
+	)
+	if !a.Pace.Unlimited() {
+		interval, burst = gcra(a.Pace)
+	}
+	bound := "" // no bound
+	if !a.Latest.IsZero() {
+		if d := a.Latest.Sub(a.Now); d >= 0 {
+			bound = strconv.FormatInt(us(d), 10)
+		} else {
+			bound = "-1" // no slot is early enough, not even one now
+		}
+	}
+	ahead, mode, id := "", "", ""
+	if a.CheckOnly {
+		mode = "c"
+	} else {
+		// Slots the in-process pacer handed out and still to come.
+		if d := l.mem.horizon(a.Host, a.Now); d > 0 {
+			ahead = strconv.FormatInt(us(min(d, aheadFloor)), 10)
+		}
+		if l.down.Load() || l.returning() {
+			mode = "r" // a probe, or just back from an outage
+		}
+		if l.mem.beatDue(a.Host, a.Now) {
+			id = l.id
+		}
+	}
+	return []any{us(interval), burst, bound, ahead, mode, id, us(l.probe + 2*l.timeout)}
+}
+
+// reservation reads the reserve script's answer, which arrived elapsed
+// after a.Now, into a Reservation, and keeps what it says of the host.
+func (l *Limiter) reservation(a retryhttp.Attempt, res []int64, elapsed time.Duration) retryhttp.Reservation {
+	at := a.Now.Add(elapsed)
 	d := time.Duration(res[1]) * time.Microsecond
+	if n := int(res[4]); n > 0 {
+		l.peers.Store(int64(n))
+	}
+	l.mem.heard(a.Host, answer{at: at, lead: time.Duration(res[3]) * time.Microsecond,
+		n: int(res[4]), rank: int(res[5]), rate: float64(res[6]) / 1e6, burst: int(res[7]),
+		sub: l.sub.Load(), lane: res[0] == codeLane})
 	switch res[0] {
 	case codeParked:
-		until := a.Now.Add(elapsed + d)
+		until := at.Add(d)
 		l.mem.park(a.Host, until) // no need to ask Redis again before then
-		return retryhttp.Reservation{ParkedUntil: until}, nil
+		return retryhttp.Reservation{ParkedUntil: until}
 	case codeLate:
-		return retryhttp.Reservation{Delay: elapsed + d}, nil
-	}
-	if interval > 0 {
-		local, _ := gcra(l.fallbackPace(a.Pace))
-		l.mem.follow(a.Host, a.Now, a.Now.Add(elapsed+d), local)
+		return retryhttp.Reservation{Delay: elapsed + d}
+	case codeAskAgain:
+		return retryhttp.Reservation{AskAgain: at.Add(d)}
+	case codeLane:
+		// Processes are coming back from an outage: each paces its share
+		// in process a little longer, so that those not back yet and
+		// those back do not both take the whole pace.
+		return l.local(a, elapsed)
 	}
 	if d == 0 {
 		// The slot is Redis's now, already past: go at once.
-		return retryhttp.Reservation{OK: true}, nil
+		return retryhttp.Reservation{OK: true}
 	}
 	r := retryhttp.Reservation{OK: true, Delay: elapsed + d}
-	if len(res) == 3 {
-		key, mine, us := l.prefix+a.Host, res[2], int64(interval/time.Microsecond)
-		r.Cancel = func(time.Time) { l.cancel(key, mine, us) }
+	if res[2] > 0 && res[8] > 0 {
+		key, mine, step := l.prefix+a.Host, res[2], res[8]
+		r.Cancel = func(time.Time) { l.cancelSlot(key, mine, step) }
 	}
-	return r, nil
+	return r
 }
 
-// cancel gives back a slot that a request, cancelled while it waited, will
-// not use, if no later slot was taken; see cancelScript. A failure leaves
-// the slot taken, which slows the others by one slot at most.
-func (l *Limiter) cancel(key string, mine, interval int64) {
-	if !l.useRedis() {
+// cancelSlot gives back a slot that a request, cancelled while it waited,
+// will not use, if no later slot was taken; see cancelScript. A failure
+// leaves the slot taken, which slows the others by one slot at most.
+func (l *Limiter) cancelSlot(key string, mine, interval int64) {
+	if l.closed.Load() || !l.useRedis() {
 		return
 	}
 	if _, err := l.run(context.Background(), cancelScript, key, mine, interval); err != nil {
-		l.fail(err)
+		if !permanent(err) {
+			l.fail(err)
+		}
 		return
 	}
 	l.answered()
@@ -257,9 +400,15 @@ func (l *Limiter) cancel(key string, mine, interval int64) {
 // Park closes host to every process until the given moment; a moment
 // earlier than an existing parking does not shorten it. The parking holds
 // in this process at once, and in Redis for the rest of its length, counted
-// on Redis's clock. When Redis fails, the parking holds in this process and
-// is handed to Redis when it answers again; no error is returned.
+// on Redis's clock; the processes listening hear of it at once. When Redis
+// is away, the parking holds in this process and is handed to Redis when it
+// answers again; no error is returned. An answer from Redis that waiting
+// will not cure is returned as a *RefusedError, after the parking was
+// recorded in process.
 func (l *Limiter) Park(ctx context.Context, host string, until time.Time) error {
+	if l.closed.Load() {
+		return ErrClosed
+	}
 	l.mem.park(host, until)
 	rest := time.Until(until)
 	if rest <= 0 || !l.useRedis() {
@@ -268,6 +417,9 @@ func (l *Limiter) Park(ctx context.Context, host string, until time.Time) error 
 	// The parking matters to every process, not only to the request that
 	// learnt of it: it is recorded even if that request is cancelled.
 	if err := l.parkRedis(context.WithoutCancel(ctx), host, rest); err != nil {
+		if permanent(err) {
+			return &RefusedError{Op: "park", Key: l.prefix + host, Err: err}
+		}
 		l.fail(err)
 		return nil
 	}
@@ -276,83 +428,8 @@ func (l *Limiter) Park(ctx context.Context, host string, until time.Time) error 
 }
 
 func (l *Limiter) parkRedis(ctx context.Context, host string, rest time.Duration) error {
-	us := int64((rest + time.Microsecond - 1) / time.Microsecond)
-	_, err := l.run(ctx, parkScript, l.prefix+host, us)
+	_, err := l.run(ctx, parkScript, l.prefix+host, us(rest+time.Microsecond-1), l.channel, host)
 	return err
-}
-
-// fallbackPace is the pace of the in-process pacer: the WithFallbackShare
-// part of p.
-func (l *Limiter) fallbackPace(p retryhttp.Pace) retryhttp.Pace {
-	if l.share == 1 || p.Unlimited() {
-		return p
-	}
-	return retryhttp.Pace{Limit: p.Limit / rate.Limit(l.share), Burst: max(1, p.Burst/l.share)}
-}
-
-// useRedis reports whether this call should go to Redis: always while
-// Redis answers, and once per probe interval while it does not.
-func (l *Limiter) useRedis() bool {
-	if l.rdb == nil {
-		return false
-	}
-	if !l.down.Load() {
-		return true
-	}
-	now := int64(time.Since(l.start))
-	at := l.probeAt.Load()
-	return now >= at && l.probeAt.CompareAndSwap(at, now+int64(l.probe))
-}
-
-// fail records a failed call: pace in process, and warn unless a warning
-// was given in the last minute.
-func (l *Limiter) fail(err error) {
-	now := int64(time.Since(l.start))
-	l.probeAt.Store(now + int64(l.probe))
-	l.down.Store(true)
-	if l.logger == nil {
-		return
-	}
-	last := l.warnedAt.Load()
-	if now-last < int64(warnInterval) || !l.warnedAt.CompareAndSwap(last, now) {
-		return
-	}
-	l.unsaid.Store(true)
-	l.logger.LogAttrs(context.Background(), slog.LevelWarn,
-		"redislimit: Redis failed; pacing in process until it answers",
-		slog.String("error", err.Error()),
-		slog.Duration("probe_every", l.probe))
-}
-
-// answered records a call that Redis answered: back to Redis, if the
-// Limiter was pacing in process.
-func (l *Limiter) answered() {
-	if !l.down.Load() || !l.down.CompareAndSwap(true, false) {
-		return
-	}
-	if l.unsaid.Swap(false) && l.logger != nil {
-		l.logger.LogAttrs(context.Background(), slog.LevelInfo,
-			"redislimit: Redis answers again; pacing shared")
-	}
-	if l.mem.parkings(time.Now()) != nil && l.flushing.CompareAndSwap(false, true) {
-		go l.flush()
-	}
-}
-
-// flush hands Redis the parkings this process knows of, those set while
-// Redis was down among them, so that other processes see them too.
-func (l *Limiter) flush() {
-	defer l.flushing.Store(false)
-	for host, until := range l.mem.parkings(time.Now()) {
-		rest := time.Until(until)
-		if rest <= 0 {
-			continue
-		}
-		if err := l.parkRedis(context.Background(), host, rest); err != nil {
-			l.fail(err)
-			return
-		}
-	}
 }
 
 // contextAware reports whether the client bounds a call by its context's
@@ -369,10 +446,9 @@ func contextAware(rdb redis.UniversalClient) bool {
 	return false
 }
 
-// Learn learns nothing yet: hosts are paced at the configured pace and
-// parked across processes, but a pace learned from quotas and refusals is
-// not shared through Redis (a later change). It returns an unlimited Pace,
-// as the Limiter interface asks of a Limiter that learns nothing.
-func (l *Limiter) Learn(context.Context, string, retryhttp.Signal) (retryhttp.Pace, error) {
-	return retryhttp.Pace{}, nil
+// errorsIsTimeout reports whether err is a timeout of the network or of a
+// deadline.
+func errorsIsTimeout(err error) bool {
+	var nerr interface{ Timeout() bool }
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &nerr) && nerr.Timeout())
 }

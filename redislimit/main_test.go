@@ -30,13 +30,14 @@ import (
 // The test binary doubles as the worker processes of the multi-process
 // tests: run with envHelper set, it does that job and exits.
 const (
-	envHelper = "REDISLIMIT_TEST_HELPER" // "hammer" or "park"
+	envHelper = "REDISLIMIT_TEST_HELPER" // "hammer", "learn" or "park"
 	envURL    = "REDISLIMIT_TEST_URL"
 	envRedis  = "REDISLIMIT_TEST_REDIS"
 	envPrefix = "REDISLIMIT_TEST_PREFIX"
 	envPace   = "REDISLIMIT_TEST_PACE"
 	envFor    = "REDISLIMIT_TEST_FOR"
 	envRAMax  = "REDISLIMIT_TEST_RA_MAX"
+	envLocal  = "REDISLIMIT_TEST_LOCAL"
 )
 
 func TestMain(m *testing.M) {
@@ -77,6 +78,23 @@ func helperMain(mode string) error {
 		defer cancel()
 		hammer(ctx, client, os.Getenv(envURL), 4)
 		return nil
+	case "learn":
+		// No pace configured: the Transport learns the host's from its
+		// refusals, through the shared Limiter, or in process with
+		// REDISLIMIT_TEST_LOCAL set.
+		d, err := time.ParseDuration(os.Getenv(envFor))
+		if err != nil {
+			return err
+		}
+		opts := []retryhttp.Option{retryhttp.WithLimiter(l)}
+		if os.Getenv(envLocal) != "" {
+			opts = nil
+		}
+		client := retryhttp.NewClient(opts...)
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		hammer(ctx, client, os.Getenv(envURL), 4)
+		return l.Close()
 	case "park":
 		raMax, err := time.ParseDuration(os.Getenv(envRAMax))
 		if err != nil {

@@ -6,11 +6,14 @@ import (
 	"time"
 
 	"github.com/retryhttp/retryhttp"
+	"golang.org/x/time/rate"
 )
 
 // memory is the in-process side of a Limiter: the pacer it falls back to
-// while Redis does not answer, and a mirror of the parkings this process
-// set, so that a host it parked stays parked for it whatever Redis does.
+// while Redis does not answer, what Redis last said of each host (the
+// shared bucket, the processes, the learned pace) for that pacer to go on
+// from, and a mirror of the parkings this process set or heard of, so that
+// a host parked stays parked for it whatever Redis does.
 // It does the same GCRA as the script, on the Transport's clock
 // (Attempt.Now). Hosts live in shards so that unrelated hosts do not wait
 // on one lock, and idle hosts are dropped when a shard doubles, as in the
@@ -37,12 +40,36 @@ type memShard struct {
 }
 
 type memHost struct {
-	tat    time.Time // the bucket is full again at tat
+	tat    time.Time // the in-process bucket is full again at tat
 	parked time.Time // parked until
 	// own is tat as the in-process pacer left it: the slots it handed out
 	// come before own, and Redis, when it answers again, must not hand out
 	// the same moments to others.
 	own time.Time
+
+	// What the last answer from Redis said, for the in-process pacer to
+	// continue from should Redis fail: the shared bucket's state projected
+	// on the local clock (rtat, at answerAt), and whether the in-process
+	// bucket has caught up with it since (synced).
+	rtat, answerAt time.Time
+	synced         bool
+	// n and rank are the host's live processes and this one's place among
+	// them, as of the last heartbeat, at hbAt; zero n: never heard.
+	n, rank int
+	hbAt    time.Time
+	beatN   int // n as of this process's last heartbeat
+	// sub is the generation of the parking subscription when Redis last
+	// answered for this host (see Limiter.heard).
+	sub int64
+	// lrate and lburst are the learned pace (0: none), from Redis or, while
+	// Redis is away, learned in process; lhold is when the in-process
+	// learner may cut it again.
+	lrate  float64
+	lburst int
+	lhold  time.Time
+	// told is set once this process told Redis what it sent, with its
+	// first refusal from the host since it was last paced by nothing.
+	told bool
 }
 
 // parkedUntil returns the end of host's parking when it is parked at now.
@@ -71,28 +98,83 @@ func (m *memory) park(host string, until time.Time) {
 	raise(&m.parkedMax, until.UnixNano())
 }
 
-// reserve is Limiter.Reserve in process, at the pace p.
-func (m *memory) reserve(a retryhttp.Attempt, p retryhttp.Pace) retryhttp.Reservation {
-	if p.Unlimited() {
-		if until, ok := m.parkedUntil(a.Host, a.Now); ok {
-			return retryhttp.Reservation{ParkedUntil: until}
-		}
-		return retryhttp.Reservation{OK: true}
-	}
-	interval, burst := gcra(p)
+// share is how the in-process pacer divides a host's pace with the other
+// processes while Redis is away.
+type share struct {
+	fixed  int       // WithFallbackShare: this many processes, whatever Redis said
+	peers  int       // processes known to Redis lately, for a host never heard of
+	downAt time.Time // when Redis failed; zero while it answers
+}
+
+// reserve is Limiter.Reserve in process, at the pace p or the learned one
+// when slower, of which this process takes its share: 1/n of the rate,
+// 1/n of the burst (at least 1), n being the host's live processes as the
+// last heartbeat told. Its first slot after an answer from Redis comes no
+// earlier than the shared bucket allows, staggered by this process's rank,
+// so that the processes' slots interleave as Redis would have handed them
+// out and the switch brings no burst.
+func (m *memory) reserve(a retryhttp.Attempt, p retryhttp.Pace, sh share) retryhttp.Reservation {
 	s := m.shard(a.Host)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h := s.get(a.Host, a.Now)
-	if h.parked.After(a.Now) {
+	h := s.hosts[a.Host]
+	if h != nil && h.parked.After(a.Now) {
 		return retryhttp.Reservation{ParkedUntil: h.parked}
+	}
+	if h != nil && h.lrate > 0 {
+		p = minPace(p, retryhttp.Pace{Limit: rate.Limit(h.lrate), Burst: max(h.lburst, 1)})
+	}
+	if p.Unlimited() {
+		return retryhttp.Reservation{OK: true}
+	}
+	if h == nil {
+		h = s.get(a.Host, a.Now)
+	}
+	n, rank := sh.fixed, h.rank
+	if n <= 0 {
+		n = h.n
+		if n <= 0 {
+			n, rank = sh.peers, 0
+		}
+	}
+	n = max(n, 1)
+	rank = min(rank, n-1)
+	shared, burst := gcra(p)
+	interval := time.Duration(n) * shared
+	burst = max(1, burst/n)
+	tolerance := time.Duration(burst-1) * interval
+	if !h.synced && !h.answerAt.IsZero() {
+		// The shared bucket as Redis last said, moved on by what the
+		// others may have taken before Redis failed: they keep it as far
+		// ahead of the clock as it was, a second's worth at most.
+		start := h.rtat
+		if n > 1 && sh.downAt.After(h.answerAt) {
+			start = start.Add(min(sh.downAt.Sub(h.answerAt), time.Second))
+		}
+		if start.After(h.tat) {
+			h.tat = start
+		}
+		h.synced = true
 	}
 	tat := h.tat
 	if tat.Before(a.Now) {
 		tat = a.Now
 	}
-	wait := max(0, tat.Sub(a.Now)-time.Duration(burst-1)*interval)
-	if !a.Latest.IsZero() && a.Now.Add(wait).After(a.Latest) {
+	slot := tat.Add(-tolerance)
+	if slot.Before(a.Now) {
+		slot = a.Now
+	}
+	if n > 1 && h.n > 0 {
+		// Each process takes only the slots of its place in the round,
+		// counted on the wall clock from the Unix epoch: the processes'
+		// slots interleave however each came to pace in process. The
+		// bucket moves on with the slot.
+		grid := onGrid(slot, shared, n, rank)
+		tat = tat.Add(grid.Sub(slot))
+		slot = grid
+	}
+	wait := slot.Sub(a.Now)
+	if !a.Latest.IsZero() && slot.After(a.Latest) {
 		return retryhttp.Reservation{Delay: wait}
 	}
 	h.tat = tat.Add(interval)
@@ -104,6 +186,31 @@ func (m *memory) reserve(a retryhttp.Attempt, p retryhttp.Pace) retryhttp.Reserv
 		r.Cancel = func(time.Time) { m.cancel(host, mine, interval) }
 	}
 	return r
+}
+
+// onGrid returns the first moment from t on that is the slot of place
+// rank in rounds of n slots of length interval, counted from the Unix
+// epoch.
+func onGrid(t time.Time, interval time.Duration, n, rank int) time.Time {
+	round := int64(interval) * int64(n)
+	off := t.UnixNano() - int64(rank)*int64(interval)
+	k := off / round
+	if k*round < off {
+		k++
+	}
+	return time.Unix(0, k*round+int64(rank)*int64(interval))
+}
+
+// minPace is the slower of two paces, rate and burst each, as the core's
+// Pace.min.
+func minPace(p, q retryhttp.Pace) retryhttp.Pace {
+	switch {
+	case q.Unlimited():
+		return p
+	case p.Unlimited():
+		return q
+	}
+	return retryhttp.Pace{Limit: min(p.Limit, q.Limit), Burst: min(p.Burst, q.Burst)}
 }
 
 // cancel gives back the slot whose reservation left host's bucket at mine,
@@ -145,17 +252,68 @@ func raise(v *atomic.Int64, n int64) {
 	}
 }
 
-// follow records that Redis granted this process a slot at the given moment,
-// so that a switch to the in-process pacer continues from there instead of
-// from a full bucket. interval is the in-process pacer's.
-func (m *memory) follow(host string, now, slot time.Time, interval time.Duration) {
+// answer is what an answer from Redis says of a host, for memory.heard.
+type answer struct {
+	at    time.Time     // when it arrived, on the Transport's clock
+	lead  time.Duration // how far ahead of Redis's now the shared bucket is
+	n     int           // live processes at the last heartbeat, 0 when none
+	rank  int           // this process's place among them, -1 when this call did not beat
+	rate  float64       // the learned pace, 0 for none
+	burst int
+	sub   int64 // the subscription's generation when it arrived
+	lane  bool  // processes are coming back from an outage (codeLane)
+}
+
+// heard records an answer from Redis about host. It keeps nothing for a
+// host that is neither paced, learned nor counted: an unpaced host costs
+// no memory.
+func (m *memory) heard(host string, a answer) {
 	s := m.shard(host)
 	s.mu.Lock()
-	h := s.get(host, now)
-	if next := slot.Add(interval); next.After(h.tat) {
-		h.tat = next
+	defer s.mu.Unlock()
+	h := s.hosts[host]
+	if h == nil {
+		if a.lead <= 0 && a.n == 0 && a.rank < 0 && a.rate == 0 {
+			return
+		}
+		h = s.get(host, a.at)
 	}
-	s.mu.Unlock()
+	h.rtat, h.answerAt, h.synced, h.sub = a.at.Add(a.lead), a.at, false, a.sub
+	if a.n > 0 && (!a.lane || a.n > h.n) {
+		// Coming back from an outage, a restarted Redis counts the
+		// processes afresh as they come back: until then, those not back
+		// yet still pace at the share they had.
+		h.n = a.n
+	}
+	if a.rank >= 0 && (!a.lane || a.n >= h.n) {
+		h.rank, h.hbAt, h.beatN = a.rank, a.at, a.n
+	}
+	h.lrate, h.lburst = a.rate, a.burst
+}
+
+// beatDue reports whether a call for host should count this process among
+// the host's live processes: not in the last heartbeatEvery, or the count
+// changed since.
+func (m *memory) beatDue(host string, now time.Time) bool {
+	s := m.shard(host)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.hosts[host]
+	// A count that changed since this process's last beat may have moved
+	// its place: beat again to learn it.
+	return h == nil || h.n != h.beatN || now.Sub(h.hbAt) >= heartbeatEvery || now.Before(h.hbAt)
+}
+
+// subGen returns the subscription generation of host's last answer, 0 when
+// none.
+func (m *memory) subGen(host string) int64 {
+	s := m.shard(host)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h := s.hosts[host]; h != nil {
+		return h.sub
+	}
+	return 0
 }
 
 // parkings returns the parkings that last beyond now, for handing to Redis
@@ -190,8 +348,10 @@ func (m *memory) shard(host string) *memShard {
 
 // get returns host's entry, making it if needed; a new entry may first
 // sweep out the hosts idle at now, those whose bucket is full and parking
-// over. A zero now sweeps nothing: sweeping as of a later moment than the
-// present would drop hosts still parked or paced.
+// over, and not heard of from Redis lately (what it said of the other
+// processes and of a learned pace would be lost). A zero now sweeps
+// nothing: sweeping as of a later moment than the present would drop hosts
+// still parked or paced.
 func (s *memShard) get(host string, now time.Time) *memHost {
 	if h := s.hosts[host]; h != nil {
 		return h
@@ -202,7 +362,8 @@ func (s *memShard) get(host string, now time.Time) *memHost {
 	}
 	if len(s.hosts) >= s.sweepAt && !now.IsZero() {
 		for k, h := range s.hosts {
-			if !h.tat.After(now) && !h.parked.After(now) && !h.own.After(now) {
+			if !h.tat.After(now) && !h.parked.After(now) && !h.own.After(now) &&
+				now.Sub(h.answerAt) >= aliveFor && (h.lrate == 0 || now.Sub(h.answerAt) >= learnTTL) {
 				delete(s.hosts, k)
 			}
 		}

@@ -17,11 +17,11 @@ func TestMemoryBounded(t *testing.T) {
 	p := retryhttp.Pace{Limit: 1000, Burst: 1} // a host is idle 1 ms after its slot
 	m.park("parked.test", now.Add(time.Hour))
 	slow := retryhttp.Pace{Limit: 1.0 / 3600, Burst: 1}
-	m.reserve(retryhttp.Attempt{Host: "paced.test", Pace: slow, Now: now}, slow)
+	m.reserve(retryhttp.Attempt{Host: "paced.test", Pace: slow, Now: now}, slow, share{})
 	const hosts = 100_000
 	for i := range hosts {
 		at := now.Add(time.Duration(i) * time.Millisecond)
-		m.reserve(retryhttp.Attempt{Host: fmt.Sprintf("h%d.test", i), Pace: p, Now: at}, p)
+		m.reserve(retryhttp.Attempt{Host: fmt.Sprintf("h%d.test", i), Pace: p, Now: at}, p, share{})
 		// A parking of a host far away in time must not sweep as of then.
 		if i%1000 == 0 {
 			m.park(fmt.Sprintf("far%d.test", i), at.Add(time.Second))

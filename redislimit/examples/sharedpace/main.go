@@ -237,6 +237,7 @@ func worker() error {
 		defer rdb.Close()
 		timeout, _ := time.ParseDuration(os.Getenv(envTime)) // zero: the default
 		l := redislimit.New(rdb, redislimit.WithPrefix(os.Getenv(envPrefix)), redislimit.WithTimeout(timeout))
+		defer l.Close() // before rdb.Close: deferred calls run last first
 		opts = append(opts, retryhttp.WithLimiter(l))
 	}
 	client := retryhttp.NewClient(opts...)

@@ -114,13 +114,16 @@ type Server struct {
 	Addr string
 	port int
 	dir  string
+	args []string // more configuration, as "--name", "value" pairs
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has exited
 }
 
 // Start starts redis-server on loopback, on port or, for 0, a free one,
-// without persistence, and waits until it answers.
-func Start(port int) (*Server, error) {
+// without persistence, and waits until it answers. args are more
+// configuration for it ("--maxmemory", "10mb"), kept for Restart. DEBUG is
+// enabled for local connections, for DebugSleep.
+func Start(port int, args ...string) (*Server, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("redis-server not installed: %w", err)
@@ -134,7 +137,7 @@ func Start(port int) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), port: port, dir: dir}
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), port: port, dir: dir, args: args}
 	if err := s.start(bin); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -144,9 +147,9 @@ func Start(port int) (*Server, error) {
 
 // StartT is Start for one test: a missing redis-server skips it (fails it
 // in CI), and the server is stopped when the test ends.
-func StartT(tb testing.TB) *Server {
+func StartT(tb testing.TB, args ...string) *Server {
 	tb.Helper()
-	s, err := Start(0)
+	s, err := Start(0, args...)
 	if err != nil {
 		Unavailable(tb, err)
 	}
@@ -163,6 +166,10 @@ func (s *Server) start(bin string) error {
 		"--daemonize", "no",
 		"--dir", s.dir,
 		"--loglevel", "warning")
+	if debugConfigurable(bin) {
+		cmd.Args = append(cmd.Args, "--enable-debug-command", "local")
+	}
+	cmd.Args = append(cmd.Args, s.args...)
 	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return err
@@ -235,6 +242,57 @@ func (s *Server) Restart() error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return last
+}
+
+// DebugSleep makes the server sleep for d (DEBUG SLEEP), as a server
+// blocked by a slow command would: it answers nothing meanwhile, and the
+// commands sent to it run when it wakes. It returns once the server
+// started sleeping.
+func (s *Server) DebugSleep(d time.Duration) error {
+	c, err := net.DialTimeout("tcp", s.Addr, time.Second)
+	if err != nil {
+		return err
+	}
+	cmd := fmt.Sprintf("DEBUG SLEEP %.3f\r\n", d.Seconds())
+	if _, err := c.Write([]byte(cmd)); err != nil {
+		c.Close()
+		return err
+	}
+	// The answer comes when the sleep ends: read it aside, so that an
+	// error (DEBUG not allowed) is not lost, and close the connection.
+	errc := make(chan error, 1)
+	go func() {
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(d + 5*time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err == nil && !strings.HasPrefix(line, "+OK") {
+			err = fmt.Errorf("DEBUG SLEEP: %s", strings.TrimSpace(line))
+		}
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		return err // answered at once: refused
+	case <-time.After(20 * time.Millisecond):
+		return nil
+	}
+}
+
+// debugConfigurable reports whether redis-server knows
+// enable-debug-command (Redis 7 and later), which then must be set for
+// DEBUG to be allowed.
+func debugConfigurable(bin string) bool {
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		return false
+	}
+	_, v, ok := strings.Cut(string(out), " v=")
+	if !ok {
+		return false
+	}
+	major, _, _ := strings.Cut(v, ".")
+	n, err := strconv.Atoi(major)
+	return err == nil && n >= 7
 }
 
 // Freeze stops the server process (SIGSTOP): connections stay open and
