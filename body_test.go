@@ -266,3 +266,59 @@ func TestResendCount(t *testing.T) {
 		}
 	})
 }
+
+// Over a real net/http base and loopback: a server that answers before
+// reading the body, and drops the connection, leaves net/http's write loop
+// with the body after RoundTrip returned. The retry still sends the
+// caller's bytes whole.
+func TestReplayAfterEarlyAnswer(t *testing.T) {
+	payload := strings.Repeat("0123456789abcdef", 12<<10) // 192 KiB
+	var (
+		mu     sync.Mutex
+		bodies []string
+	)
+	srv := serveLoopback(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		n := len(bodies)
+		mu.Unlock()
+		if n == 0 {
+			// Answer first and drop the connection: the client is still
+			// writing the body.
+			mu.Lock()
+			bodies = append(bodies, "")
+			mu.Unlock()
+			w.Header().Set("Connection", "close")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		mu.Unlock()
+	}))
+	tr := New(WithBackoff(time.Millisecond, time.Millisecond), WithLearning(false))
+	defer tr.CloseIdleConnections()
+	body := &bodyCloses{Reader: strings.NewReader(payload)}
+	req, _ := http.NewRequest(http.MethodPut, srv.URL, body)
+	req.ContentLength = int64(len(payload))
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d, want 200 after a retry", resp.StatusCode)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bodies) != 2 || bodies[1] != payload {
+		t.Fatalf("%d attempts; the retry sent %d bytes, want the caller's %d", len(bodies), len(bodies[len(bodies)-1]), len(payload))
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for body.closes.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := body.closes.Load(); n != 1 {
+		t.Errorf("the caller's body was closed %d times, want 1", n)
+	}
+}
