@@ -151,19 +151,21 @@ func New(opts ...Option) *Instrumentation {
 	i.httpOpts = append(i.httpOpts, c.httpOpts...)
 
 	i.meter = c.mp.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL))
-	var err, errs error
-	i.attempts, err = i.meter.Int64Counter("retryhttp.client.attempts", metric.WithUnit("{attempt}"),
-		metric.WithDescription("Tries sent to the base, first tries and retries, by host and outcome."))
-	errs = errors.Join(errs, err)
-	i.retries, err = i.meter.Int64Counter("retryhttp.client.retries", metric.WithUnit("{retry}"),
-		metric.WithDescription("Retries sent, by host and the outcome of the try that failed."))
-	errs = errors.Join(errs, err)
-	i.refusals, err = i.meter.Int64Counter("retryhttp.client.refusals", metric.WithUnit("{refusal}"),
-		metric.WithDescription("Failed tries worth a retry that were handed back instead, by host and retryhttp.reason."))
-	errs = errors.Join(errs, err)
-	i.parkings, err = i.meter.Int64Counter("retryhttp.client.parkings", metric.WithUnit("{parking}"),
-		metric.WithDescription("Answers that parked their host (Retry-After, or a spent quota with its reset)."))
-	errs = errors.Join(errs, err)
+	var errs error
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		c, err := i.meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = errors.Join(errs, err)
+		return c
+	}
+	i.attempts = counter("retryhttp.client.attempts", "{attempt}",
+		"Tries sent to the base, first tries and retries, by host and outcome.")
+	i.retries = counter("retryhttp.client.retries", "{retry}",
+		"Retries sent, by host and the outcome of the try that failed.")
+	i.refusals = counter("retryhttp.client.refusals", "{refusal}",
+		"Failed tries worth a retry that were handed back instead, by host and retryhttp.reason.")
+	i.parkings = counter("retryhttp.client.parkings", "{parking}",
+		"Answers that parked their host (Retry-After, or a spent quota with its reset).")
+	var err error
 	i.pace, err = i.meter.Float64ObservableGauge("retryhttp.client.host.pace", metric.WithUnit("{request}/s"),
 		metric.WithDescription("The pace in force for a recently seen host that is paced, configured or learned."))
 	errs = errors.Join(errs, err)

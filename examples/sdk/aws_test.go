@@ -402,14 +402,7 @@ func TestS3ThrottleHandedBack(t *testing.T) {
 				if tc.answer.header["Retry-After"] != "120" {
 					return
 				}
-				_, err = getObject(context.Background(), client)
-				var paused *retryhttp.HostPausedError
-				if !errors.Is(err, retryhttp.ErrHostPaused) || !errors.As(err, &paused) {
-					t.Errorf("the next GetObject: %v, want ErrHostPaused", err)
-				}
-				if hits := rec.Hits(); len(hits) != 1 {
-					t.Errorf("the next GetObject reached the parked host: %s", statuses(hits))
-				}
+				nextCallParked(t, rec, "GetObject", func() error { _, err := getObject(context.Background(), client); return err })
 			})
 		})
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -174,4 +175,19 @@ func statuses(hits []hit) string {
 		s[i] = h.Status
 	}
 	return fmt.Sprint(s)
+}
+
+// nextCallParked checks that call, made after an answer parked the host,
+// fails with an error that is ErrHostPaused (and a *HostPausedError)
+// without reaching the stub, which saw one request so far.
+func nextCallParked(t *testing.T, rec *recorder, name string, call func() error) {
+	t.Helper()
+	err := call()
+	var paused *retryhttp.HostPausedError
+	if !errors.Is(err, retryhttp.ErrHostPaused) || !errors.As(err, &paused) {
+		t.Errorf("the next %s: %v, want ErrHostPaused", name, err)
+	}
+	if hits := rec.Hits(); len(hits) != 1 {
+		t.Errorf("the next %s reached the parked host: %s", name, statuses(hits))
+	}
 }

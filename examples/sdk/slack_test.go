@@ -13,7 +13,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/retryhttp/retryhttp"
 	"github.com/slack-go/slack"
 )
 
@@ -96,12 +95,7 @@ func TestSlackRateLimitHandedBack(t *testing.T) {
 				if tc.hits != 1 {
 					return
 				}
-				if err := postMessage(c); !errors.Is(err, retryhttp.ErrHostPaused) {
-					t.Errorf("the next call: %v, want ErrHostPaused", err)
-				}
-				if hits := rec.Hits(); len(hits) != 1 {
-					t.Errorf("the next call reached the parked host: %s", statuses(hits))
-				}
+				nextCallParked(t, rec, "call", func() error { return postMessage(c) })
 			})
 		})
 	}
