@@ -322,3 +322,120 @@ func TestReplayAfterEarlyAnswer(t *testing.T) {
 		t.Errorf("the caller's body was closed %d times, want 1", n)
 	}
 }
+
+// TestParkingDuringBodyWaitHoldsRetry: a retry that waits for the base to
+// let go of the previous attempt's body (500 ms) meets a parking another
+// request's answer set meanwhile (at 200 ms, for 10 s): admission comes
+// after that wait, so the retry goes when the parking ends, not at 500 ms.
+// When the parking is beyond the max, the retry is refused, the 503 comes
+// back whole, and the body made ready for it is closed with the caller's.
+func TestParkingDuringBodyWaitHoldsRetry(t *testing.T) {
+	for _, parkFor := range []string{"10", "120"} {
+		t.Run("Retry-After "+parkFor, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var (
+					mu sync.Mutex
+					at []time.Duration
+					wg sync.WaitGroup
+				)
+				start := time.Now()
+				base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+					mu.Lock()
+					at = append(at, time.Since(start))
+					n := len(at)
+					mu.Unlock()
+					switch {
+					case r.URL.Path == "/other":
+						resp := canned(503, "")
+						resp.Header.Set("Retry-After", parkFor)
+						return resp, nil
+					case n == 1:
+						wg.Go(func() { // net/http's write loop, still sending
+							time.Sleep(500 * time.Millisecond)
+							io.Copy(io.Discard, r.Body)
+							r.Body.Close()
+						})
+						return canned(503, "busy"), nil
+					}
+					io.Copy(io.Discard, r.Body)
+					r.Body.Close()
+					return canned(200, "ok"), nil
+				})
+				var reasons []Reason
+				tr := New(WithBase(base), WithBackoff(time.Millisecond, time.Millisecond), WithBudget(nil),
+					WithLearning(false), WithOnGiveUp(func(ev RetryEvent) { reasons = append(reasons, ev.Reason) }))
+				wg.Go(func() {
+					time.Sleep(200 * time.Millisecond)
+					resp, err := send(tr, http.MethodGet, "http://x.test/other", "", nil)
+					if err == nil {
+						resp.Body.Close()
+					}
+				})
+				body := &bodyCloses{Reader: strings.NewReader("payload")}
+				req, _ := http.NewRequest(http.MethodPut, "http://x.test/put", body)
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := readAll(resp)
+				wg.Wait()
+				mu.Lock()
+				defer mu.Unlock()
+				if parkFor == "10" {
+					if resp.StatusCode != 200 || len(at) < 3 || at[2] < 10200*time.Millisecond {
+						t.Errorf("status %d, attempts at %v: the retry must wait out the parking until 10.2s", resp.StatusCode, at)
+					}
+				} else {
+					if resp.StatusCode != 503 || got != "busy" || len(at) != 2 {
+						t.Errorf("status %d %q, attempts at %v: want the first 503 back whole, no retry", resp.StatusCode, got, at)
+					}
+					if len(reasons) == 0 || reasons[len(reasons)-1] != ReasonHostPaused {
+						t.Errorf("reasons %v, want the last to be %q", reasons, ReasonHostPaused)
+					}
+				}
+				if n := body.closes.Load(); n != 1 {
+					t.Errorf("the caller's body was closed %d times, want 1", n)
+				}
+			})
+		})
+	}
+}
+
+// TestFirstTryResendCountIsZero: an auth wrapper below a Transport fetches
+// a token with the request's context, through a Transport of its own. On
+// the outer request's retry, the context carries a resend count of 1; the
+// token request's first try still reads 0.
+func TestFirstTryResendCountIsZero(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var tokenCounts []int
+		tokens := New(WithBase(roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			tokenCounts = append(tokenCounts, ResendCount(r.Context()))
+			return canned(200, "token"), nil
+		})))
+		calls := 0
+		api := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			calls++
+			if calls == 1 {
+				return canned(503, ""), nil
+			}
+			return canned(200, "ok"), nil
+		})
+		auth := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			treq, _ := http.NewRequestWithContext(r.Context(), http.MethodGet, "http://auth.test/token", nil)
+			resp, err := tokens.RoundTrip(treq)
+			if err != nil {
+				return nil, err
+			}
+			resp.Body.Close()
+			return api.RoundTrip(r)
+		})
+		tr := New(WithBase(auth), WithBackoff(time.Millisecond, time.Millisecond), WithBudget(nil))
+		status, _ := get(t, tr, "http://api.test/x")
+		if status != 200 {
+			t.Fatalf("status %d", status)
+		}
+		if diff := cmp.Diff([]int{0, 0}, tokenCounts); diff != "" {
+			t.Errorf("the token requests' resend counts (-want +got):\n%s", diff)
+		}
+	})
+}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"reflect"
+	"strings"
 	"syscall"
 )
 
@@ -81,7 +82,89 @@ func transientError(ctx context.Context, err error) bool {
 	if errors.As(err, &op) && op.Op == "dial" {
 		return true
 	}
+	if _, ok := untypedNetHTTP(err); ok {
+		return true
+	}
 	return http2Transient(err)
+}
+
+// net/http returns some errors of a connection that may work on the next
+// try as plain errors.New values, or formats their cause with %v: no type,
+// no sentinel a caller can reach, so errors.Is and errors.As find nothing.
+// They are recognised by their exact text, here and nowhere else, and each
+// says whether the request can have reached the server. The texts are those
+// of Go 1.26's net/http (transport.go and h2_bundle.go); a later release
+// that rewords one makes that error unrecognised, which is the safe side: it
+// is then not retried.
+var untypedNetHTTPErrors = map[string]bool{ // text: the request may have reached the server
+	// The keep-alive race: the server closed an idle connection just as
+	// the request went out on it. net/http replays GET, HEAD, OPTIONS, TRACE
+	// and keyed requests itself and returns this for the others (a PUT, a
+	// DELETE, a POST); its comment says the request's body bytes may already
+	// have been written, so a POST is not sent again.
+	"http: server closed idle connection": true,
+	// HTTP/2 connections that could not take the stream: nothing of the
+	// request was processed (net/http's own http2canRetryError).
+	"http2: client conn not usable":                               false,
+	"http2: Transport received Server's graceful shutdown GOAWAY": false,
+	"http2: client conn could not be established":                 false,
+	// A connection that stopped answering pings, or closed while the body
+	// was being sent: the stream may have been processed, like a reset.
+	"http2: client connection lost": true,
+	"http2: client conn is closed":  true,
+}
+
+// HTTP/2's refusal of a stream whose body it cannot send again: net/http
+// gives up with this text around the cause, formatted with %v. It says it
+// only for the errors it would retry itself (http2canRetryError: a refused
+// stream, a connection unusable or going away before the stream was
+// processed), so the server did not act on the request.
+const (
+	h2CannotRetryPrefix = "http2: Transport: cannot retry err ["
+	h2CannotRetrySuffix = "] after Request.Body was written; define Request.GetBody to avoid this error"
+)
+
+// untypedNetHTTP reports whether err, or an error it wraps, is one of
+// net/http's untyped transient errors, and whether the request may have
+// reached the server.
+func untypedNetHTTP(err error) (maySent, ok bool) {
+	for _, e := range errorChain(err) {
+		text := e.Error()
+		if sent, found := untypedNetHTTPErrors[text]; found {
+			return sent, true
+		}
+		if strings.HasPrefix(text, h2CannotRetryPrefix) && strings.HasSuffix(text, h2CannotRetrySuffix) {
+			return false, true
+		}
+	}
+	return false, false
+}
+
+// errorChain lists err and every error it wraps, depth first, through
+// Unwrap() error and Unwrap() []error, up to a bound: a wrapper of a
+// wrapper of net/http's error (a *url.Error, an instrumenting base) still
+// shows it.
+func errorChain(err error) []error {
+	const maxChain = 16
+	var out []error
+	stack := []error{err}
+	for len(stack) > 0 && len(out) < maxChain {
+		e := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if e == nil {
+			continue
+		}
+		out = append(out, e)
+		switch u := e.(type) {
+		case interface{ Unwrap() error }:
+			stack = append(stack, u.Unwrap())
+		case interface{ Unwrap() []error }:
+			for i := len(u.Unwrap()) - 1; i >= 0; i-- {
+				stack = append(stack, u.Unwrap()[i])
+			}
+		}
+	}
+	return out
 }
 
 // malformedAddress reports an address that can never be dialled: an

@@ -86,13 +86,17 @@ func (s *sendTrace) reset() {
 }
 
 // mayHaveSent reports whether an attempt that failed with err may have
-// reached the server. A dial error never did; with a trace, neither did an
-// attempt that got no connection. A base that gives no trace signal leaves
-// only dial errors as "not sent".
+// reached the server. A dial error never did, nor did one of net/http's
+// HTTP/2 refusals of a stream it did not process; with a trace, neither did
+// an attempt that got no connection. A base that gives no trace signal leaves
+// only dial errors and those refusals as "not sent".
 func mayHaveSent(err error, tr *sendTrace) bool {
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
 		return false
+	}
+	if sent, ok := untypedNetHTTP(err); ok {
+		return sent
 	}
 	if tr != nil && tr.getConn.Load() {
 		return tr.gotConn.Load()

@@ -250,21 +250,10 @@ func (c *call) retry(a *answer, v verdict) (next *http.Request, reason Reason, e
 		refund()
 		return nil, "", fmt.Errorf("retryhttp: cancelled while waiting to retry: %w", werr)
 	}
-	now := t.clock.Now()
-	waited := v.delay // plus what the pace and parking add below
-	if !t.admitted(now) {
-		woke := now
-		if now, err = t.admit(c.ctx, c.hostName(), now); err != nil {
-			if c.ctx.Err() != nil {
-				held.discard()
-				refund()
-				return nil, "", err
-			}
-			refund()
-			return nil, refusalReason(err), nil // a.resp goes back as held
-		}
-		waited += now.Sub(woke)
-	}
+	// The body first, which may wait for the base to let go of the last
+	// one: admission must be the last thing before the send, so that a
+	// parking set during any wait holds the retry.
+	woke := t.clock.Now()
 	if next, reason = c.rewind(a.n); reason != "" {
 		refund()
 		if cerr := c.ctx.Err(); cerr != nil { // ended the wait for the base to let go of the body
@@ -273,8 +262,21 @@ func (c *call) retry(a *answer, v verdict) (next *http.Request, reason Reason, e
 		}
 		return nil, reason, nil // a.resp goes back as held
 	}
+	now := t.clock.Now()
+	if !t.admitted(now) {
+		if now, err = t.admit(c.ctx, c.hostName(), now); err != nil {
+			closeBody(next) // made ready, never sent
+			if c.ctx.Err() != nil {
+				held.discard()
+				refund()
+				return nil, "", err
+			}
+			refund()
+			return nil, refusalReason(err), nil // a.resp goes back as held
+		}
+	}
 	held.discard()
-	c.report(a, waited, "")
+	c.report(a, v.delay+now.Sub(woke), "") // the delay, then the body, the pace and the parking
 	c.sentAt = now
 	return next, "", nil
 }
@@ -312,6 +314,12 @@ func (c *call) prepare() {
 		// unknown base; only this request, not others made with its
 		// context (an auth wrapper fetching a token), is nested for it.
 		ctx = &passedDownCtx{Context: ctx, method: methodOf(req), url: req.URL}
+	}
+	if ResendCount(ctx) != 0 {
+		// Another request's retry count, on a context this request was
+		// made with (an auth wrapper below that Transport, fetching a
+		// token): this request's first try is a first try.
+		ctx = context.WithValue(ctx, resendKey{}, 0)
 	}
 	if ctx == c.ctx && !needKey && c.replay == nil {
 		return
