@@ -361,9 +361,13 @@ func TestParkingDuringBodyWaitHoldsRetry(t *testing.T) {
 					r.Body.Close()
 					return canned(200, "ok"), nil
 				})
-				var reasons []Reason
+				var reasons []Reason // of the PUT
 				tr := New(WithBase(base), WithBackoff(time.Millisecond, time.Millisecond), WithBudget(nil),
-					WithLearning(false), WithOnGiveUp(func(ev RetryEvent) { reasons = append(reasons, ev.Reason) }))
+					WithLearning(false), WithOnGiveUp(func(ev RetryEvent) {
+						if ev.Request.Method == http.MethodPut {
+							reasons = append(reasons, ev.Reason)
+						}
+					}))
 				wg.Go(func() {
 					time.Sleep(200 * time.Millisecond)
 					resp, err := send(tr, http.MethodGet, "http://x.test/other", "", nil)

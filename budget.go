@@ -74,17 +74,32 @@ func fixed(f float64) uint64 {
 // recordFirst counts a first try, made at now.
 func (b *Budget) recordFirst(now time.Time) { b.firsts.add(now) }
 
+// canRetry reports whether the window has a retry to give now, spending
+// none.
+func (b *Budget) canRetry(now time.Time) bool {
+	firsts := b.firsts.sum(now)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.room(now, firsts)
+}
+
+// room reports whether one more retry fits the window; b.mu is held.
+func (b *Budget) room(now time.Time, firsts uint64) bool {
+	sec := uint64(uint32(now.Unix()))
+	var retries uint64
+	for _, v := range b.retries {
+		retries += inWindow(v, sec)
+	}
+	return (retries+1)*budgetScale <= firsts*b.ratio+b.reserve
+}
+
 // tryRetry spends one retry if the window has one to give.
 func (b *Budget) tryRetry(now time.Time) bool {
 	sec := uint64(uint32(now.Unix()))
 	firsts := b.firsts.sum(now)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var retries uint64
-	for _, v := range b.retries {
-		retries += inWindow(v, sec)
-	}
-	if (retries+1)*budgetScale > firsts*b.ratio+b.reserve {
+	if !b.room(now, firsts) {
 		return false
 	}
 	slot := &b.retries[sec%budgetBuckets]

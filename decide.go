@@ -43,6 +43,10 @@ const (
 	ReasonHostPaused Reason = "host paused"
 	// ReasonLimiter: the Limiter failed when asked for the retry's slot.
 	ReasonLimiter Reason = "limiter failed"
+	// ReasonHostDown: the host is down (nothing got through to it lately):
+	// it is tried again with one request every half second, not with
+	// retries.
+	ReasonHostDown Reason = "host down"
 )
 
 // verdict is what decide says of a failed try: retry after delay, or stop,
@@ -67,6 +71,11 @@ type answer struct {
 	// spent quota), valid when named.
 	wait  time.Duration
 	named bool
+	// refused is set for a refusal (a 429, a 503 or 529 naming no wait);
+	// down says the host model holds the host down after this answer;
+	// paced, that it was a refusal of an overloaded host, whose retry
+	// waits for the pace the model holds it to.
+	refused, down, paced bool
 }
 
 // decide says whether the failure of try a.n is retried, and after what
@@ -82,6 +91,8 @@ func (c *call) decide(a *answer) verdict {
 	switch {
 	case a.n >= c.maxAttempts:
 		return verdict{reason: ReasonAttempts}
+	case a.down:
+		return verdict{reason: ReasonHostDown}
 	case !c.repeatable(a.resp, a.err):
 		return verdict{reason: ReasonNotIdempotent}
 	case !rewindable(c.req) && (c.replay == nil || !c.replay.possible()):
@@ -139,11 +150,14 @@ func DefaultRetryIf(resp *http.Response, err error) bool {
 var defaultStatusSet = newStatusSet(defaultStatuses)
 
 // ownRefusal reports whether err is a Transport of ours declining to send:
-// a parked host, or a pace slot beyond the deadline.
+// a parked or down host, or a pace slot beyond the deadline.
 func ownRefusal(err error) bool {
-	var paused *HostPausedError
-	var pace *paceError
-	return errors.As(err, &paused) || errors.As(err, &pace)
+	var (
+		paused *HostPausedError
+		down   *HostDownError
+		pace   *paceError
+	)
+	return errors.As(err, &paused) || errors.As(err, &down) || errors.As(err, &pace)
 }
 
 // repeatable reports whether the request may be sent again after this

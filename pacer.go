@@ -91,73 +91,67 @@ type Reservation struct {
 	// when the request's context ends before the slot comes, so that a
 	// cancelled request does not hold up the ones behind it.
 	Cancel func(now time.Time)
+	// Down is set when the host is down: nothing was taken, and the
+	// Transport hands the request back at once with this error.
+	Down *HostDownError
+	// Wait, when non-nil, says nothing was taken because the host's limit
+	// on attempts in flight is reached: the caller waits until it is
+	// closed, then asks again.
+	Wait <-chan struct{}
+	// Report asks for the attempt's answer, whatever it is, through Learn,
+	// with Ticket in the Signal: the Limiter keeps count of the host.
+	Report bool
+	Ticket uint64
 }
 
-// Signal is what an answer from a host says of its capacity; the
-// Transport gives it to Limiter.Learn. The zero Signal (but for Now) says
-// nothing, and asks for the host's pace.
-type Signal struct {
-	Now time.Time
-	// Refused is set for an answer that says the host is over its
-	// capacity: a 429, or a 503 that names no wait.
-	Refused bool
-	// Status is the answer's status.
-	Status int
-	// Wait is the wait a refusal named (a 429's Retry-After): the host
-	// takes at least one request per Wait.
-	Wait time.Duration
-	// Limit is the quota the host announces (X-RateLimit-Limit,
-	// RateLimit-Policy), 0 when none; Window the time it is granted over
-	// when the host says so (RateLimit-Policy's w), else 0; Reset the time
-	// until the quota is whole again (X-RateLimit-Reset as a delay), -1
-	// when not said; Remaining what is left of it, -1 when not said.
-	Limit     int
-	Window    time.Duration
-	Reset     time.Duration
-	Remaining int
-	// Sent is how many attempts the process sent in the last second, to
-	// every host: a bound on what this host got before the Limiter kept
-	// count of it.
-	Sent float64
-}
-
-// Limiter paces attempts per host, holds each host's parking and learns
-// each host's capacity. The Transport asks it before every attempt, tells it
-// of every parking and of every answer that says something of the host's
-// capacity. The default is an in-process limiter owned by the Transport;
-// WithLimiter installs another, such as redislimit's, which shares them
-// across processes. A Limiter must be safe for concurrent use and must not
-// block beyond ctx.
+// Limiter paces attempts per host, holds each host's parking and keeps
+// each host's model (hostmodel.go): whether it is failing, overloaded or
+// down, and how it is held. The Transport asks it before every attempt,
+// tells it of every parking, and of every answer of an attempt it asked to
+// hear of and of every answer that failed or announced a quota. The
+// default is an in-process limiter owned by the Transport; WithLimiter
+// installs another, such as redislimit's, which shares them across
+// processes. A Limiter must be safe for concurrent use and must not block
+// beyond ctx.
 type Limiter interface {
 	// Reserve takes one attempt's slot to a.Host at a.Pace or slower (a
 	// learned pace), unless the host is parked (ParkedUntil set, nothing
-	// taken) or the slot would come after a.Latest (OK false, nothing
-	// taken). An error means the limiter itself failed; the Transport
-	// returns it without sending.
+	// taken), down (Down set), at its limit in flight (Wait set), or the
+	// slot would come after a.Latest (OK false, nothing taken). An error
+	// means the limiter itself failed; the Transport returns it without
+	// sending.
 	Reserve(ctx context.Context, a Attempt) (Reservation, error)
 	// Park closes host to every caller until the given moment. A moment
 	// earlier than an existing parking does not shorten it.
 	Park(ctx context.Context, host string, until time.Time) error
-	// Learn records what an answer from host says of its capacity and
-	// returns the pace learned for it, unlimited when none. A Limiter that
-	// learns nothing returns an unlimited Pace.
-	Learn(ctx context.Context, host string, s Signal) (Pace, error)
+	// Learn records what an answer from host says of it and returns the
+	// host's status. A Signal with a Ticket answers the attempt that
+	// Reserve gave it to, even when Canceled (the attempt was never sent,
+	// or its caller gave up): the Transport gives back every ticket once.
+	// A Limiter that learns nothing returns the zero HostStatus (healthy,
+	// unlimited).
+	Learn(ctx context.Context, host string, s Signal) (HostStatus, error)
 }
 
 // localLimiter is the default Limiter. Hosts live in shards, so unrelated
 // hosts never wait on one lock; a request to an unpaced host while nothing is
-// parked or learned touches no lock at all.
+// parked or modelled touches no lock at all.
 type localLimiter struct {
 	// parkedUntil is the end of the latest parking ever set, as monotonic
 	// nanoseconds since epoch: while now is past it, no host is parked.
 	parkedUntil atomic.Int64
-	// learning counts the hosts with a capacity being learned: while it is
-	// zero, no host is paced but by configuration, and none needs counting.
+	// learning counts the hosts with a model: while it is zero, no host is
+	// paced but by configuration, and none needs counting.
 	learning atomic.Int64
-	epoch    time.Time
-	clock    Clock        // for Park, which is told no time but must sweep by it
-	logger   *slog.Logger // one line when a host's learned pace changes much
-	shards   [shardCount]shard
+	gens     atomic.Uint32 // numbers each model, so that its tickets are its own
+	// freshUntil is when the newest model is a hold old, as monotonic
+	// nanoseconds since epoch: until then, answers of attempts sent before
+	// it are told to it.
+	freshUntil atomic.Int64
+	epoch      time.Time
+	clock      Clock        // for Park, which is told no time but must sweep by it
+	logger     *slog.Logger // one line when a host's state or learned pace changes much
+	shards     [shardCount]shard
 }
 
 const shardCount = 64
@@ -170,11 +164,11 @@ type shard struct {
 }
 
 // hostState is what one host costs: under 100 bytes with its map entry,
-// and what it has learned when it refused or announced a quota.
+// and its model once it failed, refused or announced a quota.
 type hostState struct {
-	tat   time.Time // the pace's theoretical arrival time (GCRA): the slot after the last one given
-	until time.Time // parked until; zero or past: not parked
-	cap   *capacity // nil until the host refuses or announces a quota
+	tat   time.Time  // the pace's theoretical arrival time (GCRA): the slot after the last one given
+	until time.Time  // parked until; zero or past: not parked
+	model *hostModel // nil while the host is healthy
 }
 
 // minSweep is the map size below which a shard is never swept.
@@ -210,29 +204,73 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 	if a.CheckOnly {
 		return Reservation{OK: true}, nil
 	}
-	pace := l.paceOf(a.Host, st, a.Pace, a.Now)
-	if pace.Unlimited() {
-		st.count(a.Now)
-		return Reservation{OK: true}, nil
+	m := l.model(st, a.Now)
+	if m == nil {
+		return s.reserve(st, a, a.Pace, 0), nil
 	}
-	// A learned pace may grow while requests wait: slots are then handed
-	// out no further than learnHorizon ahead, so that those waiting get the
-	// faster pace when it comes.
-	horizon := time.Duration(0)
-	if pace != a.Pace {
-		horizon = learnHorizon
+	m.seen = a.Now
+	if m.state == HostDown {
+		return m.admitDown(a.Host, a.Now), nil
+	}
+	m.adjust(l, a.Host, a.Now)
+	if m.q.active() {
+		if at, spent := m.quotaWait(a.Now); spent {
+			// The host's quota is spent: none remain until it says they
+			// do again, or until its reset.
+			return Reservation{AskAgain: at}, nil
+		}
+	}
+	if m.ctl.limit > 0 && m.inflight >= m.ctl.limit {
+		m.ctl.busyAt = a.Now
+		return Reservation{Wait: m.ctl.slot()}, nil
+	}
+	pace := a.Pace.min(m.pace())
+	if st.tat.Before(m.ctl.notBefore) {
+		st.tat = m.ctl.notBefore
+	}
+	res := s.reserve(st, a, pace, horizonFor(pace, a.Pace))
+	if res.Delay > 0 && pace != a.Pace {
+		m.ctl.busyAt = a.Now // a request waits for the learned pace: it binds
+	}
+	if !res.OK {
+		return res, nil
+	}
+	if m.q.active() {
+		m.q.taken++
+	}
+	res.Report, res.Ticket = true, m.send(a.Now)
+	if res.Cancel != nil {
+		slotBack, t := res.Cancel, res.Ticket
+		res.Cancel = func(now time.Time) {
+			slotBack(now)
+			l.Learn(context.Background(), a.Host, Signal{Now: now, Ticket: t, Canceled: true})
+		}
+	}
+	return res, nil
+}
+
+// horizonFor is how far ahead pace hands out slots: a learned pace no
+// further than horizon, so that it can grow under those waiting.
+func horizonFor(pace, configured Pace) time.Duration {
+	if pace == configured {
+		return 0
+	}
+	return horizon
+}
+
+// reserve takes the host's next slot at pace, as Reserve answers it.
+// The caller holds the shard's lock.
+func (s *shard) reserve(st *hostState, a Attempt, pace Pace, horizon time.Duration) Reservation {
+	if pace.Unlimited() {
+		return Reservation{OK: true}
 	}
 	delay, ok := st.take(a.Now, pace, a.Latest, horizon)
-	if st.cap != nil && delay >= pace.interval() {
-		st.cap.busyAt = a.Now // a request is queued behind another: the pace binds
-	}
 	if !ok {
 		if horizon > 0 && delay > horizon && (a.Latest.IsZero() || !a.Now.Add(delay).After(a.Latest)) {
-			return Reservation{AskAgain: a.Now.Add(delay - horizon)}, nil
+			return Reservation{AskAgain: a.Now.Add(delay - horizon)}
 		}
-		return Reservation{Delay: delay}, nil
+		return Reservation{Delay: delay}
 	}
-	st.count(a.Now)
 	res := Reservation{OK: true, Delay: delay}
 	if delay > 0 {
 		interval := pace.interval()
@@ -242,7 +280,18 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 			st.giveBack(now, interval)
 		}
 	}
-	return res, nil
+	return res
+}
+
+// model returns the host's model, forgetting an expired one; nil when the
+// host has none. The caller holds the shard's lock.
+func (l *localLimiter) model(st *hostState, now time.Time) *hostModel {
+	if st.model != nil && st.model.expired(now) {
+		st.model.ctl.wake()
+		st.model = nil
+		l.learning.Add(-1)
+	}
+	return st.model
 }
 
 // take gives the next slot at pace p: the generic cell rate algorithm,
@@ -280,12 +329,44 @@ func (st *hostState) giveBack(now time.Time, interval time.Duration) {
 	}
 }
 
-// count tells the host's capacity, if it learns one, of an attempt sent.
-func (st *hostState) count(now time.Time) {
-	if st.cap != nil {
-		st.cap.sent.add(now, 1)
-		st.cap.pending++
+func (l *localLimiter) Learn(_ context.Context, host string, sig Signal) (HostStatus, error) {
+	s := &l.shards[shardOf(host)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.hosts[host]
+	var m *hostModel
+	if st != nil {
+		m = l.model(st, sig.Now)
 	}
+	if m == nil {
+		if !worthARecord(&sig) {
+			return HostStatus{Pace: Pace{Limit: rate.Inf}}, nil
+		}
+		if st == nil {
+			st = s.add(l, host, sig.Now)
+		}
+		m = newModel(l.gens.Add(1), sig.Now)
+		m.ghosts = sig.Sent // at most: what the process sent lately, this answer's attempt among them
+		st.model = m
+		l.learning.Add(1)
+		for n := sig.Now.Add(holdTime).Sub(l.epoch).Nanoseconds(); ; {
+			if cur := l.freshUntil.Load(); n <= cur || l.freshUntil.CompareAndSwap(cur, n) {
+				break
+			}
+		}
+	}
+	m.answer(&sig, l, host)
+	return m.status(), nil
+}
+
+// worthARecord reports whether an answer says enough of a healthy host to
+// start its model: it failed, refused or announced a quota.
+func worthARecord(sig *Signal) bool {
+	switch sig.outcome() {
+	case refused, failed, served:
+		return true
+	}
+	return sig.Limit > 0
 }
 
 func (l *localLimiter) Park(_ context.Context, host string, until time.Time) error {
@@ -321,7 +402,8 @@ func (s *shard) add(l *localLimiter, host string, now time.Time) *hostState {
 	if len(s.hosts) >= s.sweepAt {
 		for h, st := range s.hosts {
 			if st.idle(now) {
-				if st.cap != nil {
+				if st.model != nil {
+					st.model.ctl.wake()
 					l.learning.Add(-1)
 				}
 				delete(s.hosts, h)
@@ -334,12 +416,19 @@ func (s *shard) add(l *localLimiter, host string, now time.Time) *hostState {
 	return st
 }
 
+// sweepIdle is how long a host's model must have been quiet for a sweep,
+// under the pressure of memory, to forget it: a crawler meets a host, and
+// moves on.
+const sweepIdle = 3 * time.Second
+
 // idle reports whether a host can be forgotten when its shard grows: not
-// parked, its bucket full, and what it taught either expired or, under this
-// pressure of memory, not used for learnIdle.
+// parked, its bucket full, and its model either expired or, under this
+// pressure of memory, quiet for sweepIdle with nothing in flight and not
+// down.
 func (st *hostState) idle(now time.Time) bool {
+	m := st.model
 	return !st.until.After(now) && !st.tat.After(now) &&
-		(st.cap == nil || st.cap.expired(now) || now.Sub(st.cap.seen) >= learnIdle)
+		(m == nil || m.expired(now) || (now.Sub(m.seen) >= sweepIdle && m.inflight == 0 && m.state != HostDown))
 }
 
 // shardOf is FNV-1a, inlined so that hashing a host allocates nothing.
@@ -444,69 +533,137 @@ func (e *paceError) Error() string {
 
 func (e *paceError) Unwrap() error { return context.DeadlineExceeded }
 
+// admission is an attempt let go: when, and the ticket the limiter wants
+// back with its answer.
+type admission struct {
+	at     time.Time
+	ticket uint64
+	report bool
+}
+
 // admit waits until an attempt to host may start, and returns when it
 // started: out the host's parking, if it fits the max wait and the
-// deadline, then for the pace's slot. A parking set while it waits for the
-// slot is waited out too, and the slot taken afresh behind it: no round
-// limit, since every parking it waits out was named by a server and fits
-// the bounds, and the deadline ends the rest. It returns a
-// *HostPausedError when a parking does not fit, a *paceError when the slot
-// would come after the deadline, and the context's error when it ends the
-// wait.
+// deadline, then for the pace's slot, or for a slot in flight. A parking
+// set while it waits for the slot is waited out too, and the slot taken
+// afresh behind it: no round limit, since every parking it waits out was
+// named by a server and fits the bounds, and the deadline ends the rest.
+// It returns a *HostDownError at once for a host that is down, a
+// *HostPausedError when a parking, or a learned wait, does not fit the max
+// or the deadline, a *paceError when the slot would come after the
+// deadline, and the context's error when it ends the wait.
 //
 // now is the caller's reading of the clock: the success path reads it once
 // per request, which matters where reading it costs 100 ns.
-func (t *Transport) admit(ctx context.Context, host string, now time.Time) (time.Time, error) {
+func (t *Transport) admit(ctx context.Context, host string, now time.Time) (admission, error) {
 	deadline, _ := ctx.Deadline()
 	a := Attempt{Host: host, Pace: t.paceFor(host), Latest: deadline}
 	for {
 		a.Now = now
 		res, err := t.limiter.Reserve(ctx, a)
-		if err != nil {
-			return now, err
-		}
-		if res.OK {
+		switch {
+		case err != nil:
+			return admission{at: now}, err
+		case res.Down != nil:
+			return admission{at: now}, res.Down
+		case res.OK:
+			adm := admission{at: now, ticket: res.Ticket, report: res.Report}
 			if res.Delay <= 0 {
-				return now, nil
+				return adm, nil
 			}
-			// Delay counts from now, and the limiter may have taken a
-			// while to answer (a round trip to Redis): sleep until the
-			// slot, not for Delay from here, or the attempt goes late and
-			// bunches with the next one.
-			slot := now.Add(res.Delay)
-			if err := t.clock.Sleep(ctx, slot.Sub(t.clock.Now())); err != nil {
-				if res.Cancel != nil {
-					res.Cancel(t.clock.Now())
-				}
-				return now, err
+			at, err := t.waitSlot(ctx, host, now, res, deadline)
+			if err != nil {
+				t.giveBack(ctx, host, adm)
+				return admission{at: now}, err
+			}
+			if !at.IsZero() {
+				adm.at = at
+				return adm, nil
+			}
+			t.giveBack(ctx, host, adm) // parked meanwhile: a fresh slot behind the parking
+			now = t.clock.Now()
+		case res.Wait != nil:
+			if err := t.waitInFlight(ctx, host, now, res.Wait, deadline); err != nil {
+				return admission{at: now}, err
 			}
 			now = t.clock.Now()
-			// Another request's answer may have parked the host while
-			// this one waited: look again, taking no second slot.
-			until, err := t.parkedUntil(ctx, host, now)
-			if err != nil || until.IsZero() {
-				return now, err
-			}
-			if err := t.waitParking(ctx, host, now, until, deadline); err != nil {
-				return now, err
+		case !res.AskAgain.IsZero():
+			// A learned pace, or a spent quota, is waited out only as far
+			// as a parking would be.
+			if err := t.waitParking(ctx, host, now, res.AskAgain, deadline); err != nil {
+				return admission{at: now}, err
 			}
 			now = t.clock.Now()
-			continue
-		}
-		if !res.AskAgain.IsZero() {
-			if err := t.clock.Sleep(ctx, res.AskAgain.Sub(now)); err != nil {
-				return now, err
+		case res.ParkedUntil.IsZero():
+			return admission{at: now}, &paceError{host: host, wait: res.Delay}
+		default:
+			if err := t.waitParking(ctx, host, now, res.ParkedUntil, deadline); err != nil {
+				return admission{at: now}, err
 			}
 			now = t.clock.Now()
-			continue
 		}
-		if res.ParkedUntil.IsZero() {
-			return now, &paceError{host: host, wait: res.Delay}
+	}
+}
+
+// waitSlot sleeps until a slot taken ahead, then waits out a parking set
+// meanwhile. It returns when the attempt may start, or the zero time when a
+// parking came first (the slot is then of no use: the caller takes a new
+// one behind the parking).
+func (t *Transport) waitSlot(ctx context.Context, host string, now time.Time, res Reservation, deadline time.Time) (time.Time, error) {
+	// Delay counts from now, and the limiter may have taken a while to
+	// answer (a round trip to Redis): sleep until the slot, not for Delay
+	// from here, or the attempt goes late and bunches with the next one.
+	slot := now.Add(res.Delay)
+	if err := t.clock.Sleep(ctx, slot.Sub(t.clock.Now())); err != nil {
+		if res.Cancel != nil {
+			res.Cancel(t.clock.Now())
 		}
-		if err := t.waitParking(ctx, host, now, res.ParkedUntil, deadline); err != nil {
-			return now, err
+		return now, err
+	}
+	now = t.clock.Now()
+	// Another request's answer may have parked the host while this one
+	// waited: look again, taking no second slot.
+	until, err := t.parkedUntil(ctx, host, now)
+	if err != nil || until.IsZero() {
+		return now, err
+	}
+	if err := t.waitParking(ctx, host, now, until, deadline); err != nil {
+		return now, err
+	}
+	return time.Time{}, nil
+}
+
+// giveBack returns the ticket of an attempt that will not be sent.
+func (t *Transport) giveBack(ctx context.Context, host string, adm admission) {
+	if adm.report {
+		t.limiter.Learn(ctx, host, Signal{Now: t.clock.Now(), Ticket: adm.ticket, Canceled: true})
+	}
+}
+
+// waitInFlight waits for a slot in flight to free, at most until the
+// deadline and for the Retry-After max: a limit in flight is a learned
+// wait, and no learned wait is longer.
+func (t *Transport) waitInFlight(ctx context.Context, host string, now time.Time, freed <-chan struct{}, deadline time.Time) error {
+	d := t.raMax
+	if !deadline.IsZero() {
+		d = min(d, deadline.Sub(now))
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { // ends with the wait, whichever way it ends
+		select {
+		case <-freed:
+			cancel()
+		case <-wctx.Done():
 		}
-		now = t.clock.Now()
+	}()
+	if err := t.clock.Sleep(wctx, d); err != nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	select {
+	case <-freed:
+		return nil
+	default:
+		return &paceError{host: host, wait: d}
 	}
 }
 
@@ -555,13 +712,22 @@ func (t *Transport) park(ctx context.Context, host string, now time.Time, d time
 // HostPace returns the pace in force for host (a host name, host:port or
 // URL, as WithHostPace takes): the configured one, or slower when the
 // Transport has learned the host takes less. An unlimited Pace means the
-// host is not paced. For logs and metrics.
+// host is not paced by a rate (it may be held to a limit in flight: see
+// HostStatus). For logs and metrics.
 func (t *Transport) HostPace(ctx context.Context, host string) (Pace, error) {
 	host = normalizeHostOption(host)
 	configured := t.paceFor(host)
-	learned, err := t.limiter.Learn(ctx, host, Signal{Now: t.clock.Now(), Reset: -1, Remaining: -1})
+	st, err := t.limiter.Learn(ctx, host, Signal{Now: t.clock.Now(), Reset: -1, Remaining: -1})
 	if err != nil {
 		return configured, err
 	}
-	return configured.min(learned), nil
+	return configured.min(st.Pace), nil
+}
+
+// HostStatus returns what the Transport knows of host (a host name,
+// host:port or URL, as WithHostPace takes): healthy, failing, overloaded,
+// down or recovering, since when, and the pace or limit in flight it
+// learned. For logs, metrics and health checks.
+func (t *Transport) HostStatus(ctx context.Context, host string) (HostStatus, error) {
+	return t.limiter.Learn(ctx, normalizeHostOption(host), Signal{Now: t.clock.Now(), Reset: -1, Remaining: -1})
 }

@@ -90,9 +90,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 func (t *Transport) roundTripOnce(req *http.Request) (*http.Response, error) {
 	c := call{t: t, req: req, ctx: req.Context(), retryIf: t.retryIf}
 	now := t.clock.Now()
+	c.adm.at = now
 	if !t.admitted(now) {
 		var err error
-		if now, err = t.admit(c.ctx, c.hostName(), now); err != nil {
+		if c.adm, err = t.admit(c.ctx, c.hostName(), now); err != nil {
 			closeBody(req)
 			return nil, err
 		}
@@ -100,7 +101,7 @@ func (t *Transport) roundTripOnce(req *http.Request) (*http.Response, error) {
 	if t.markNested {
 		req = req.WithContext(&passedDownCtx{Context: req.Context(), method: methodOf(req), url: req.URL})
 	}
-	resp, err := c.send(req, now)
+	resp, err := c.send(req, c.adm.at)
 	c.observe(&answer{n: 1, resp: resp, err: err})
 	return resp, err
 }
@@ -115,8 +116,12 @@ type call struct {
 	key    string        // WithAutoIdempotencyKey's key, made once
 	base   *http.Request // req with what every attempt shares: the key, the marks
 	trace  *sendTrace    // set for requests that are not replayable
-	sentAt time.Time     // when the retry that retry prepared was admitted
+	adm    admission     // the attempt in flight: when it was let go, and its ticket
 	replay *replay       // the body, when it has no GetBody and may be sent again
+	// charged says the retry in flight spent the budget, at chargedAt: if
+	// it succeeds, it pays for itself.
+	charged   bool
+	chargedAt time.Time
 	// maxAttempts and retryIf are the Transport's, or the request's
 	// policy (ContextWithPolicy).
 	maxAttempts int
@@ -143,28 +148,31 @@ func (c *call) run() (*http.Response, error) {
 		defer c.replay.finish()
 	}
 	now := t.clock.Now()
-	c.start = now
+	c.start, c.adm.at = now, now
 	if !t.admitted(now) {
 		var err error
-		if now, err = t.admit(c.ctx, c.hostName(), now); err != nil {
+		if c.adm, err = t.admit(c.ctx, c.hostName(), now); err != nil {
 			closeBody(c.req)
 			return nil, err
 		}
 	}
 	if t.budget != nil {
-		t.budget.recordFirst(now) // when the try is made, not when RoundTrip was called
+		t.budget.recordFirst(c.adm.at) // when the try is made, not when RoundTrip was called
 	}
 	areq := c.base
 	for n := 1; ; n++ {
-		resp, err := c.send(areq, now)
+		resp, err := c.send(areq, c.adm.at)
 		a := answer{n: n, resp: resp, err: err}
 		if !c.observe(&a) {
+			c.paidFor()
 			return resp, nil // a plain success
 		}
 		v := c.decide(&a)
 		if !v.retry {
 			if v.reason != "" {
 				c.giveUp(&a, v.reason)
+			} else {
+				c.paidFor() // not worth another try: the retry got its answer
 			}
 			return c.finish(n, resp, err)
 		}
@@ -176,7 +184,16 @@ func (c *call) run() (*http.Response, error) {
 			c.giveUp(&a, reason)
 			return c.finish(n, a.resp, err)
 		}
-		areq, now = next, c.sentAt
+		areq = next
+	}
+}
+
+// paidFor refunds the budget for a retry that got its answer: a retry that
+// succeeds pays for itself, as the AWS SDKs' retry quota refunds one.
+func (c *call) paidFor() {
+	if c.charged {
+		c.t.budget.refund(c.chargedAt)
+		c.charged = false
 	}
 }
 
@@ -219,29 +236,37 @@ func (c *call) send(req *http.Request, now time.Time) (*http.Response, error) {
 func (c *call) retry(a *answer, v verdict) (next *http.Request, reason Reason, err error) {
 	t := c.t
 	// A retry the server scheduled (it named the wait) is not a storm: the
-	// budget is for the retries nobody asked for.
-	charged := false
-	if t.budget != nil && !v.scheduled {
-		if !t.budget.tryRetry(a.now) {
-			return nil, ReasonBudget, nil
-		}
-		charged = true
+	// budget is for the retries nobody asked for. Nor is one that waits
+	// for the pace the host model holds an overloaded host to: the model
+	// schedules it. The budget is looked at now, and spent once the wait
+	// is over: a retry waiting out its backoff holds no share of it, and
+	// whether a refusal's retry waits for the model's pace is known only
+	// then (the refusals of a burst come back before the model has seen
+	// enough of them to tell overload from failure).
+	c.charged = false
+	charge := t.budget != nil && !v.scheduled && !a.paced
+	if charge && !t.budget.canRetry(a.now) {
+		return nil, ReasonBudget, nil
 	}
 	refund := func() {
-		if charged {
-			t.budget.refund(a.now)
+		if c.charged {
+			t.budget.refund(c.chargedAt)
+			c.charged = false
 		}
 	}
 	if v.delay <= 0 && t.admitted(a.now) && c.replay == nil {
 		// Nothing to wait for: the retry goes now, so the response need
 		// not be kept, only drained for its connection.
+		if charge && !c.spend(a.now, false) {
+			return nil, ReasonBudget, nil
+		}
 		if next, reason = c.rewind(a.n); reason != "" {
 			refund()
 			return nil, reason, nil
 		}
 		drain(a.resp)
 		c.report(a, 0, "")
-		c.sentAt = a.now
+		c.adm = admission{at: a.now}
 		return next, "", nil
 	}
 	held := hold(a.resp)
@@ -263,8 +288,13 @@ func (c *call) retry(a *answer, v verdict) (next *http.Request, reason Reason, e
 		return nil, reason, nil // a.resp goes back as held
 	}
 	now := t.clock.Now()
+	if charge && !c.spend(now, a.refused) {
+		closeBody(next)               // made ready, never sent
+		return nil, ReasonBudget, nil // a.resp goes back as held
+	}
+	c.adm = admission{at: now}
 	if !t.admitted(now) {
-		if now, err = t.admit(c.ctx, c.hostName(), now); err != nil {
+		if c.adm, err = t.admit(c.ctx, c.hostName(), now); err != nil {
 			closeBody(next) // made ready, never sent
 			if c.ctx.Err() != nil {
 				held.discard()
@@ -276,18 +306,43 @@ func (c *call) retry(a *answer, v verdict) (next *http.Request, reason Reason, e
 		}
 	}
 	held.discard()
-	c.report(a, v.delay+now.Sub(woke), "") // the delay, then the body, the pace and the parking
-	c.sentAt = now
+	waited := v.delay + c.adm.at.Sub(now) // the delay, then the pace and the parking
+	if c.replay != nil {
+		waited += now.Sub(woke) // and the base letting go of the body
+	}
+	c.report(a, waited, "")
 	return next, "", nil
+}
+
+// spend takes one retry from the budget, if it has one; a refusal's retry
+// takes none when the host model now holds the host to a pace.
+func (c *call) spend(now time.Time, refusal bool) bool {
+	t := c.t
+	if refusal && !t.noLearning {
+		st, err := t.limiter.Learn(c.ctx, c.hostName(), Signal{Now: now, Reset: -1, Remaining: -1})
+		if err == nil && (st.State == HostOverloaded || st.State == HostRecovering) {
+			return true
+		}
+	}
+	if !t.budget.tryRetry(now) {
+		return false
+	}
+	c.charged, c.chargedAt = true, now
+	return true
 }
 
 // refusalReason names why admission refused a retry.
 func refusalReason(err error) Reason {
-	var paused *HostPausedError
-	var pace *paceError
+	var (
+		paused *HostPausedError
+		down   *HostDownError
+		pace   *paceError
+	)
 	switch {
 	case errors.As(err, &paused):
 		return ReasonHostPaused
+	case errors.As(err, &down):
+		return ReasonHostDown
 	case errors.As(err, &pace):
 		return ReasonDeadline
 	}

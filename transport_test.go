@@ -164,7 +164,9 @@ func TestRetryStatuses(t *testing.T) {
 			host := newStub(map[string][]step{"/": {{status: tt.status}}})
 			net := newPipeNet(host)
 			defer net.close()
-			tr := New(append([]Option{WithBase(net.tr), WithBudget(nil)}, tt.opts...)...)
+			// Learning off: a host that answers 503 to every try over a
+			// second is down, and the fourth and fifth are not sent.
+			tr := New(append([]Option{WithBase(net.tr), WithBudget(nil), WithLearning(false)}, tt.opts...)...)
 			if code, _ := get(t, tr, "http://x.test/"); code != tt.status {
 				t.Errorf("status %d came back as %d", tt.status, code)
 			}
@@ -495,7 +497,7 @@ func TestBackoff(t *testing.T) {
 		net := newPipeNet(host)
 		defer net.close()
 		var ev events
-		tr := New(WithBase(net.tr), WithMaxAttempts(8), WithBudget(nil), fixedRand(0.5),
+		tr := New(WithBase(net.tr), WithMaxAttempts(8), WithBudget(nil), fixedRand(0.5), WithLearning(false),
 			onEvents(ev.add), WithBackoff(time.Second, 10*time.Second))
 		get(t, tr, "http://x.test/")
 		var delays []time.Duration
@@ -621,7 +623,9 @@ func TestNestedTransportsRetryOnce(t *testing.T) {
 		host := newStub(map[string][]step{"/": {{status: 503}}})
 		net := newPipeNet(host)
 		defer net.close()
-		opts := []Option{WithMaxAttempts(4), WithBudget(nil)}
+		// Learning off: a host that answers 503 to every try for a second
+		// is down, and the fourth try is not sent.
+		opts := []Option{WithMaxAttempts(4), WithBudget(nil), WithLearning(false)}
 		inner := New(append(opts, WithBase(net.tr))...)
 		middle := New(append(opts, WithBase(inner))...)
 		outer := New(append(opts, WithBase(middle))...)
@@ -671,9 +675,16 @@ func TestReporting(t *testing.T) {
 	if len(evs) != 3 || evs[0].Attempt != 1 || evs[1].Attempt != 2 || evs[2].Reason != ReasonAttempts {
 		t.Errorf("events %+v: want retries after tries 1 and 2, then %q", evs, ReasonAttempts)
 	}
+	// Two retries, the host down after the third refused connection, the
+	// refusal.
 	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
-	if len(lines) != 3 {
-		t.Fatalf("%d log lines, want 3:\n%s", len(lines), logs.String())
+	if len(lines) != 4 {
+		t.Fatalf("%d log lines, want 4:\n%s", len(lines), logs.String())
+	}
+	for _, field := range []string{"host down", "host=" + closed, "since=", "connection refused"} {
+		if !strings.Contains(lines[2], field) {
+			t.Errorf("log line %q lacks %q", lines[2], field)
+		}
 	}
 	for _, field := range []string{"method=GET", "host=" + closed, "path=/v1/x", "attempt=1", "wait=", "connection refused"} {
 		if !strings.Contains(lines[0], field) {

@@ -14,19 +14,20 @@ import (
 // the core's learn.go, so that every process paces by what any of them
 // learned; while Redis is away a cruder learner in process stands in.
 
-// Learn records what an answer from host says of its capacity, in Redis
-// where every process sharing the prefix learns it too, and returns the
-// pace learned for the host, unlimited when none. The rules are the core's
-// (see retryhttp's learn.go): an announced quota sets the pace; a refusal
-// cuts it, once a second across all processes, to 0.9 of what Redis
-// granted the host in the last second less what it refused; the pace grows
-// back, stepwise, while requests queue for it; a host quiet for a minute
-// forgets it. A Signal that says nothing (no refusal, no quota) asks for
-// the learned pace. A host that never refused nor announced a quota is
-// never asked about, and costs nothing. While Redis is away a cruder
-// learner in process stands in: a quota sets the pace, a refusal cuts it to
-// 0.9, once a second, and nothing grows until Redis is back.
-func (l *Limiter) Learn(ctx context.Context, host string, sig retryhttp.Signal) (retryhttp.Pace, error) {
+// Learn records what an answer from host says of its capacity, in Redis,
+// and returns the host's status: overloaded, with the pace every process
+// shares, once a refusal or a quota taught one; healthy otherwise.
+func (l *Limiter) Learn(ctx context.Context, host string, sig retryhttp.Signal) (retryhttp.HostStatus, error) {
+	p, err := l.learnPace(ctx, host, sig)
+	st := retryhttp.HostStatus{Pace: p}
+	if !p.Unlimited() {
+		st.State = retryhttp.HostOverloaded
+	}
+	return st, err
+}
+
+// learnPace is Learn's pace.
+func (l *Limiter) learnPace(ctx context.Context, host string, sig retryhttp.Signal) (retryhttp.Pace, error) {
 	if l.closed.Load() {
 		return retryhttp.Pace{}, ErrClosed
 	}

@@ -22,11 +22,12 @@ func TestLearnedPaceShared(t *testing.T) {
 	a, b := newLimiter(t, addr, prefix), newLimiter(t, addr, prefix)
 	ctx := context.Background()
 	query := retryhttp.Signal{Now: time.Now(), Reset: -1, Remaining: -1}
-	if p, err := b.Learn(ctx, "refuses.test", query); err != nil || !p.Unlimited() {
+	if p, err := b.Learn(ctx, "refuses.test", query); err != nil || !p.Pace.Unlimited() {
 		t.Fatalf("a host never heard of: %+v, %v; want unlimited", p, err)
 	}
-	cut, err := a.Learn(ctx, "refuses.test", retryhttp.Signal{Now: time.Now(), Refused: true,
+	st, err := a.Learn(ctx, "refuses.test", retryhttp.Signal{Now: time.Now(), Refused: true,
 		Status: http.StatusTooManyRequests, Reset: -1, Remaining: -1, Sent: 21})
+	cut := st.Pace
 	if err != nil || cut.Unlimited() {
 		t.Fatalf("Learn of a 429 = %+v, %v; want a pace", cut, err)
 	}
@@ -34,7 +35,7 @@ func TestLearnedPaceShared(t *testing.T) {
 	if got := float64(cut.Limit); got < 17.9 || got > 18.1 {
 		t.Errorf("pace after the cut %.2f/s, want 18/s", got)
 	}
-	if p, err := b.Learn(ctx, "refuses.test", query); err != nil || p != cut {
+	if p, err := b.Learn(ctx, "refuses.test", query); err != nil || p.Pace != cut {
 		t.Errorf("the other Limiter's query: %+v, %v; want %+v", p, err, cut)
 	}
 	// The pace starts when the refused burst's second is over, for all.
@@ -48,12 +49,13 @@ func TestLearnedPaceShared(t *testing.T) {
 	}
 	within(t, "ask again after the cut", res.AskAgain.Sub(now), 750*time.Millisecond, 50*time.Millisecond)
 
-	quota, err := a.Learn(ctx, "quota.test", retryhttp.Signal{Now: time.Now(), Limit: 100,
+	st, err = a.Learn(ctx, "quota.test", retryhttp.Signal{Now: time.Now(), Limit: 100,
 		Window: 10 * time.Second, Reset: -1, Remaining: -1})
+	quota := st.Pace
 	if err != nil || quota != (retryhttp.Pace{Limit: 10, Burst: 100}) {
 		t.Errorf("Learn of a quota of 100 in 10s = %+v, %v; want 10/s, burst 100", quota, err)
 	}
-	if p, err := b.Learn(ctx, "quota.test", query); err != nil || p != quota {
+	if p, err := b.Learn(ctx, "quota.test", query); err != nil || p.Pace != quota {
 		t.Errorf("the other Limiter's query: %+v, %v; want %+v", p, err, quota)
 	}
 }

@@ -241,7 +241,7 @@ func TestCorruptStateReset(t *testing.T) {
 	if res := try("rate.test", retryhttp.Pace{}); !res.OK || res.Delay != 0 {
 		t.Errorf("a negative learned rate: %+v, want a slot now", res)
 	}
-	if p, err := l.Learn(ctx, "rate.test", retryhttp.Signal{Now: time.Now(), Reset: -1, Remaining: -1}); err != nil || !p.Unlimited() {
+	if p, err := l.Learn(ctx, "rate.test", retryhttp.Signal{Now: time.Now(), Reset: -1, Remaining: -1}); err != nil || !p.Pace.Unlimited() {
 		t.Errorf("learned pace after a corrupt rate = %+v, %v; want unlimited", p, err)
 	}
 	// 15 s ahead at 10/s is a queue of 150: possible, so kept; but a

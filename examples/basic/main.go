@@ -96,7 +96,7 @@ func run(w io.Writer) error {
 			fmt.Fprintf(w, "  hook: try %d got %s, not retried: %s\n", e.Attempt, outcome(e), e.Reason)
 		}),
 		// One demo host plays every kind of server here; learning would
-		// take /flaky's 503s for overload and pace the later demos.
+		// pace it after /limited's 429, and the later demos would wait.
 		retryhttp.WithLearning(false),
 	)
 	defer client.CloseIdleConnections()

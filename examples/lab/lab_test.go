@@ -42,7 +42,7 @@ func TestPages(t *testing.T) {
 	check(t, "naive, ask again at once", PagesNaive(false), want{301, 281, 20, "15.1 s"}, secs)
 	check(t, "naive, obey Retry-After", PagesNaive(true), want{34, 14, 20, "15.7 s"}, secs)
 	// Unpaced but learning from the 429s: fewer refused than obeying alone.
-	check(t, "retryhttp, unpaced", PagesRetryhttp(false), want{24, 4, 20, "17.0 s"}, secs)
+	check(t, "retryhttp, unpaced", PagesRetryhttp(false), want{24, 4, 20, "15.9 s"}, secs)
 	paced := PagesRetryhttp(true)
 	check(t, "retryhttp, WithPace(0.9, 3)", paced, want{20, 0, 20, "18.9 s"}, secs)
 	if paced.Done > 19*time.Second {
@@ -69,9 +69,9 @@ func TestCollectors(t *testing.T) {
 	}
 
 	jitter := CollectorsRetryhttp(collectorsOptions...)
-	check(t, "retryhttp, default backoff", jitter, want{96, 46, 50, "10.3 s"}, secs)
+	check(t, "retryhttp, default backoff", jitter, want{96, 46, 50, "10.1 s"}, secs)
 	seedish := CollectorsRetryhttp(collectorsSeedOptions...)
-	check(t, "retryhttp, WithBackoff(2s, 30s)", seedish, want{98, 48, 50, "11.0 s"}, secs)
+	check(t, "retryhttp, WithBackoff(2s, 30s)", seedish, want{99, 49, 50, "11.8 s"}, secs)
 	for _, o := range []Outcome{jitter, seedish} {
 		if o.Requests >= fixed.Requests {
 			t.Errorf("full jitter sent %d, want fewer than fixed's %d", o.Requests, fixed.Requests)
@@ -87,21 +87,23 @@ func TestCollectors(t *testing.T) {
 
 func TestOutage(t *testing.T) {
 	check(t, "naive", OutageNaive(), want{300, 300, 0, "215.0 s"}, secs)
-	if got := OutageRetryhttp(nil).Requests; got != 300 {
-		t.Errorf("retryhttp without budget sent %d, want 300", got)
+	// The budget alone (learning off): 10 % of first tries, 110 for 100
+	// pages; none without a budget to hold it.
+	off := retryhttp.WithLearning(false)
+	if got := OutageRetryhttp(nil, off).Requests; got != 300 {
+		t.Errorf("retryhttp without budget or learning sent %d, want 300", got)
 	}
-	// Learning paces the refusing host down, so fewer first tries fall in
-	// the budget's window: at most 110.
-	budgeted := OutageRetryhttp(retryhttp.NewBudget(0.1, 0))
-	if budgeted.Requests > 110 {
-		t.Errorf("retryhttp with a 10 %% budget sent %d, want at most 110", budgeted.Requests)
+	check(t, "retryhttp, NewBudget(0.1, 0), learning off", OutageRetryhttp(retryhttp.NewBudget(0.1, 0), off), want{110, 110, 0, "8.6 s"}, secs)
+	// The host model: down after a run of failures, the rest of the pages
+	// handed back at once with ErrHostDown, whatever the budget.
+	for _, b := range []*retryhttp.Budget{nil, retryhttp.NewBudget(0.1, 0), retryhttp.NewBudget(0.1, 1)} {
+		got := OutageRetryhttp(b)
+		if got.Requests > 10 || got.Requests+got.Unsent < pages || got.Done > 2*time.Second {
+			t.Errorf("retryhttp, budget %v: %d sent, %d handed back at once, done at %v; want at most 10 sent, the rest handed back, within 2 s",
+				b != nil, got.Requests, got.Unsent, got.Done)
+		}
 	}
-	check(t, "retryhttp, NewBudget(0.1, 0)", budgeted, want{100, 100, 0, "195.2 s"}, secs)
-	// The default budget's reserve of a retry a second covers the retries
-	// of a host paced that slowly: 300 requests, but over minutes.
-	if got := OutageRetryhttp(retryhttp.NewBudget(0.1, 1)); got.Requests != 300 || got.Done < 3*time.Minute {
-		t.Errorf("retryhttp with the default budget sent %d by %v, want 300 over minutes", got.Requests, got.Done)
-	}
+	check(t, "retryhttp, defaults", OutageRetryhttp(retryhttp.NewBudget(0.1, 1)), want{5, 5, 0, "1.5 s"}, secs)
 }
 
 func TestRetryAfterZero(t *testing.T) {
@@ -130,9 +132,9 @@ func TestRetryAfterADay(t *testing.T) {
 func TestQuota(t *testing.T) {
 	check(t, "naive, sleep Retry-After", QuotaNaive(), want{540, 390, 150, "14.9 s"}, secs)
 
-	// Defaults: paced at the announced rate from the first answer, only the
-	// first burst of 30 is refused (issue 10: all 150, at most 170, by 17 s).
-	check(t, "retryhttp, defaults", QuotaRetryhttp(), want{170, 20, 150, "16.9 s"}, secs)
+	// Defaults: held to the announced quota from the first answer, only
+	// the first burst of 30 is refused (all 150, at most 170, by 17 s).
+	check(t, "retryhttp, defaults", QuotaRetryhttp(), want{170, 20, 150, "14.8 s"}, secs)
 }
 
 func TestRising(t *testing.T) {
@@ -144,7 +146,7 @@ func TestRising(t *testing.T) {
 
 	// The pace follows the capacity up within a few seconds of the rise.
 	got := RisingRetryhttp(risingOptions...)
-	check(t, "retryhttp", got, want{905, 105, 800, "33.0 s"}, secs)
+	check(t, "retryhttp", got, want{880, 80, 800, "31.4 s"}, secs)
 	if got.Caught != 13*time.Second {
 		t.Errorf("retryhttp: %d served a second from %v, want from 13s", risingServed, got.Caught)
 	}

@@ -36,6 +36,9 @@ type Outcome struct {
 	Caught time.Duration
 	// Arrivals is when each request reached the host, since the start.
 	Arrivals []time.Duration
+	// Unsent counts the requests handed back at once, without being sent,
+	// because their host was down.
+	Unsent int
 }
 
 // world is one scenario's clock and network.
@@ -352,15 +355,24 @@ func OutageNaive() Outcome {
 }
 
 // OutageRetryhttp fetches the 100 pages through retryhttp with 3 tries a
-// page (the default) and the given budget (nil: none).
-func OutageRetryhttp(budget *retryhttp.Budget) Outcome {
+// page (the default), the given budget (nil: none) and extra options.
+// Once the host is down, a page is handed back at once with ErrHostDown,
+// unsent.
+func OutageRetryhttp(budget *retryhttp.Budget, extra ...retryhttp.Option) Outcome {
 	w := newWorld()
 	host := w.net.Add(flakyHost, shopLatency, &Outage{clock: w.clock})
-	client := w.retryClient(retryhttp.WithMaxAttempts(3), retryhttp.WithBudget(budget))
+	opts := append([]retryhttp.Option{retryhttp.WithMaxAttempts(3), retryhttp.WithBudget(budget)}, extra...)
+	client := w.retryClient(opts...)
 	var out Outcome
 	w.clock.Run(func() {
 		for page := 1; page <= pages; page++ {
-			if status, _ := mustGet(client, catalogueURL(page)); status == http.StatusOK {
+			status, _, err := get(client, catalogueURL(page))
+			switch {
+			case errors.Is(err, retryhttp.ErrHostDown):
+				out.Unsent++ // handed back at once: the host is down
+			case err != nil:
+				panic(err)
+			case status == http.StatusOK:
 				out.Served++
 			}
 		}

@@ -93,17 +93,19 @@ func Rows() []Row {
 			"the same windows: WithBackoff(2s, 30s), WithMaxAttempts(20), WithBudget(nil).",
 	}.arrivals(exp, jitter2))
 
-	outage, budgeted := OutageNaive(), OutageRetryhttp(retryhttp.NewBudget(0.1, 0))
-	unbudgeted, defaultBudget := OutageRetryhttp(nil), OutageRetryhttp(retryhttp.NewBudget(0.1, 1))
+	outage, down := OutageNaive(), OutageRetryhttp(retryhttp.NewBudget(0.1, 1))
+	off := retryhttp.WithLearning(false)
+	budgeted, unbudgeted := OutageRetryhttp(retryhttp.NewBudget(0.1, 0), off), OutageRetryhttp(nil, off)
 	rows = append(rows, Row{
 		Scenario: "outage: 100 pages, 503 to everything, 3 tries each",
 		Naive:    fmt.Sprintf("%d sent", outage.Requests),
-		Retry:    fmt.Sprintf("%d sent", budgeted.Requests),
+		Retry:    fmt.Sprintf("%d sent, %d handed back at once (host down)", down.Requests, down.Unsent),
 		Seed:     "300 → with a 10 % budget, 110",
-		How: fmt.Sprintf("naive tries each page 3 times, 1 s apart; retryhttp: WithMaxAttempts(3), "+
-			"WithBudget(NewBudget(0.1, 0)). Without a budget it sends %d; with the default, "+
-			"NewBudget(0.1, 1), %d.", unbudgeted.Requests, defaultBudget.Requests),
-	}.arrivals(outage, budgeted))
+		How: fmt.Sprintf("naive tries each page 3 times, 1 s apart; retryhttp with its defaults finds the host "+
+			"down after a run of failures and hands the rest back at once with ErrHostDown, trying the host "+
+			"again twice a second. With WithLearning(false) the budget alone holds it: NewBudget(0.1, 0) "+
+			"sends %d, no budget %d.", budgeted.Requests, unbudgeted.Requests),
+	}.arrivals(outage, down))
 
 	zero, floored := ForbiddenNaive(), ForbiddenRetryhttp()
 	rows = append(rows, Row{

@@ -1,0 +1,1203 @@
+package retryhttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// The host model: what each host's answers say of it, one state machine per
+// host, kept by the in-process Limiter (a Limiter of another kind may keep
+// it elsewhere). The Transport reads each answer (observe, at the end of
+// this file) and tells the Limiter what it got (Learn); the Limiter holds
+// what follows until the next answer: a pace, a limit on what is in flight,
+// a host handed back at once.
+//
+// A host is in one of five states:
+//
+//	Healthy     nothing is known against it: no record, no cost. Every
+//	            host starts here, and returns here once forgotten.
+//	Failing     some answers fail, and load does not explain it (a broken
+//	            replica, a flaky gateway, one broken endpoint): it is
+//	            retried at full speed and never slowed.
+//	Overloaded  its refusals grow with what it is sent (a rate limit,
+//	            announced or not, or a limit on what it serves at once):
+//	            it is paced at what it accepts, as a rate or as a limit on
+//	            what is in flight, and the pace grows back while it binds
+//	            and the host answers well.
+//	Down        nothing gets through (an outage, a dead address): a
+//	            request is handed back at once with ErrHostDown, but for one
+//	            probe at a time, every probeEvery.
+//	Recovering  back from Down: paced at what it took before the outage, so
+//	            that the callers' backlog is not flushed at it; the pace
+//	            grows while it binds, and goes once it holds nothing back.
+//
+// The transitions, each named where it is made:
+//
+//	fail      Healthy → Failing             a failure that load does not explain
+//	overload  Healthy, Failing → Overloaded a refusal that load explains (below)
+//	exonerate Overloaded → Failing          a cut that bound did not lower the refusals
+//	fall      any → Down                    only failures for downAfter, downFailures
+//	                                        of them or more (at once when no
+//	                                        connection could be made)
+//	recover   Down → Recovering             an answer gets through (the probe's)
+//	settle    Overloaded, Recovering → Healthy  the pace holds nothing back
+//	forget    any → Healthy                 nothing heard of the host for forgetAfter,
+//	                                        or nothing gone wrong for it
+//
+// A refusal (a 429, a 503 or 529 that names no wait) is explained by load
+// when the host says so (a 429), when it came with more in flight than the
+// host accepted at once lately (a limit on what is in flight), or when the
+// host refused more than it accepted of what it was sent in the last
+// second (Google SRE's client-side throttling: requests beyond twice the
+// accepts) while more than one attempt was in flight: nothing sent one at a
+// time overloads anything. A host that announces its quota (X-RateLimit-*,
+// RateLimit-*) says what it accepts: it is held to what it says remains,
+// until its reset (see quota).
+
+// The model's constants, each with its reason.
+const (
+	// downAfter is how long only failures make a host down. A host that
+	// serves as little as one request a second lets one through in that
+	// time; a host slower than that says so with a Retry-After, which
+	// parks it instead.
+	downAfter = time.Second
+	// downFailures is the fewest failures in a row that make a host down:
+	// the tries of one request with the default attempts, so that a single
+	// failed request never takes a host off line.
+	downFailures = 3
+	// downRun is a run of failures that makes a host down without waiting
+	// for downAfter, when each was sent after the one before was answered:
+	// a host failing half its answers at random does that once in a
+	// thousand runs. (A burst refused at once is not such a run: an
+	// overloaded host refuses one.)
+	downRun = 10
+	// probeEvery is how often a down host is tried: its return is seen
+	// within half a second, and a dead address costs two connection
+	// attempts a second whatever the callers ask.
+	probeEvery = 500 * time.Millisecond
+	// overloadRatio is Google SRE's K: a host that accepted less than
+	// 1/overloadRatio of what it was sent is over its capacity (SRE book,
+	// "Handling Overload", client-side throttling).
+	overloadRatio = 2
+	// cutShare is what a cut keeps of what the host accepted: below it,
+	// so that a queue that built up drains.
+	cutShare = 0.9
+	// nearShare is how close to the rate it refused a pace grows before it
+	// stays a while: half way between the cut and the refusal.
+	nearShare = (1 + cutShare) / 2
+	// hold is how long the evidence of one change is awaited before the
+	// next: the window of most rate limits. No pace is cut twice, or grown,
+	// within it, and a pace is never cut below one attempt per hold.
+	holdTime = time.Second
+	// probeStep is the first step past the rate last refused, once the pace
+	// has stayed just below it for 2 holds; each next step is three times
+	// the last, so a host whose capacity rose is found within seconds.
+	probeStep = 0.05
+	// forgetAfter is how long a host that nothing went wrong with, or that
+	// nothing was asked of, keeps its record: then it is Healthy again.
+	forgetAfter = time.Minute
+	// horizon is how far ahead a learned pace hands out its slots: a
+	// request asks again after it, so that requests already waiting get a
+	// pace that has grown meanwhile.
+	horizon = 250 * time.Millisecond
+)
+
+// HostState is what a host's answers say of it; see HostStatus.
+type HostState uint8
+
+// The states of a host.
+const (
+	// HostHealthy: nothing is known against the host; it is not paced.
+	HostHealthy HostState = iota
+	// HostFailing: some answers fail whatever the load; retried at full
+	// speed, never paced.
+	HostFailing
+	// HostOverloaded: refusals grow with what is sent; paced at what the
+	// host accepts, as a rate or a limit on what is in flight.
+	HostOverloaded
+	// HostDown: nothing gets through; requests are handed back at once with
+	// ErrHostDown, but for a probe every half second.
+	HostDown
+	// HostRecovering: back from down, paced at what it took before until
+	// the pace holds nothing back.
+	HostRecovering
+)
+
+func (s HostState) String() string {
+	switch s {
+	case HostHealthy:
+		return "healthy"
+	case HostFailing:
+		return "failing"
+	case HostOverloaded:
+		return "overloaded"
+	case HostDown:
+		return "down"
+	case HostRecovering:
+		return "recovering"
+	}
+	return fmt.Sprintf("HostState(%d)", uint8(s))
+}
+
+// HostStatus is what a Limiter knows of one host: its state, since when,
+// and how it is held.
+type HostStatus struct {
+	State HostState
+	// Since is when the host entered State; zero for a host never heard of.
+	Since time.Time
+	// Pace is the pace learned for the host; unlimited when none. The
+	// configured pace (WithPace, WithHostPace) applies besides.
+	Pace Pace
+	// InFlight is the learned limit on attempts in flight to the host; 0
+	// when none.
+	InFlight int
+	// Retry is, for a down host, when it is tried next.
+	Retry time.Time
+}
+
+// ErrHostDown is the errors.Is target for a request handed back at once,
+// without being sent, because its host is down: nothing got through to it
+// lately. The host is tried again every half second, with one request.
+var ErrHostDown = errors.New("retryhttp: host down")
+
+// HostDownError is the detail behind ErrHostDown: which host, since when it
+// failed, what it last answered, and when it is tried next.
+type HostDownError struct {
+	Host  string
+	Since time.Time // when its run of failures began
+	Last  string    // the last failure: a status ("503 Service Unavailable") or an error
+	Retry time.Time // when the next request is let through to try it
+}
+
+// Error names the host, since when it failed, how, and when it is tried
+// next.
+func (e *HostDownError) Error() string {
+	s := fmt.Sprintf("retryhttp: host %s down since %s", e.Host, e.Since.UTC().Format(time.RFC3339Nano))
+	if e.Last != "" {
+		s += " (" + e.Last + ")"
+	}
+	return s + "; tried again at " + e.Retry.UTC().Format(time.RFC3339Nano)
+}
+
+// Unwrap returns ErrHostDown.
+func (e *HostDownError) Unwrap() error { return ErrHostDown }
+
+// Signal is what an answer says of its host; the Transport gives one to
+// Limiter.Learn for every attempt whose Reservation asked for it (Report),
+// and for every answer that failed or announced a quota. The zero Signal
+// (but for Now) says nothing, and asks for the host's status.
+type Signal struct {
+	Now time.Time
+	// Ticket is the Reservation's, given back: which attempt this is.
+	Ticket uint64
+	// Latency is how long the attempt took, from its send to its answer's
+	// headers.
+	Latency time.Duration
+	// Status is the answer's status; 0 when the attempt got none.
+	Status int
+	// Refused is set for an answer that says the host will not take the
+	// request now: a 429, or a 503 or 529 that names no wait.
+	Refused bool
+	// Wait is the wait a refusal named (a 429's Retry-After): the host takes
+	// at least one request per Wait.
+	Wait time.Duration
+	// Failed is set when the attempt got no answer (a transport error);
+	// Unreachable too when no connection could be made at all.
+	Failed, Unreachable bool
+	// Err is the attempt's error, for the host's status; nil with a Status.
+	Err error
+	// Canceled is set when the attempt said nothing of the host: its
+	// caller's context ended it, or it was never sent.
+	Canceled bool
+	// Limit is the quota the host announces (X-RateLimit-Limit,
+	// RateLimit-Policy), 0 when none; Window the time it is granted over
+	// when the host says so, else 0; Reset the time until the quota is
+	// whole again, -1 when not said; Remaining what is left of it, -1 when
+	// not said.
+	Limit     int
+	Window    time.Duration
+	Reset     time.Duration
+	Remaining int
+	// Sent is how many attempts the process sent in the last second, to
+	// every host: a bound on what this host got before it had a record.
+	Sent float64
+}
+
+// outcome is what an answer says of its host, for the model.
+type outcome uint8
+
+const (
+	saysNothing outcome = iota
+	accepted            // served, the request done
+	served              // served, and failed: the host's application answered (a 500)
+	refused             // refused for now: a 429, a 503 or 529 naming no wait
+	failed              // nothing served: a 502 or 504, or no answer at all
+)
+
+func (s *Signal) outcome() outcome {
+	switch {
+	case s.Canceled:
+		return saysNothing
+	case s.Refused:
+		return refused
+	case s.Failed || s.Status == http.StatusBadGateway || s.Status == http.StatusGatewayTimeout:
+		return failed
+	case s.Status == http.StatusServiceUnavailable || s.Status == statusOverloaded:
+		// Naming a wait: the host parks itself, which says nothing more.
+		return saysNothing
+	case s.Status >= 500 || s.Status == http.StatusRequestTimeout:
+		return served
+	case s.Status == 0 && s.Limit == 0:
+		return saysNothing // a question, not an answer
+	}
+	return accepted
+}
+
+// statusOverloaded is Anthropic's "overloaded", a 503 of its own.
+const statusOverloaded = 529
+
+// describe is a failure as HostDownError.Last says it.
+func (s *Signal) describe() string {
+	if s.Status != 0 {
+		return fmt.Sprintf("%d %s", s.Status, http.StatusText(s.Status))
+	}
+	if s.Err != nil {
+		return logError(s.Err)
+	}
+	return "no answer"
+}
+
+// hostModel is what the in-process limiter knows of one host that failed,
+// refused or announced a quota. It is guarded by its shard's lock.
+type hostModel struct {
+	gen         uint32 // tells this record's tickets from an earlier one's
+	state       HostState
+	since       time.Time
+	seen        time.Time // last asked or answered
+	lastTrouble time.Time // last refusal or failure
+
+	// What went out and came back.
+	inflight     int    // attempts with a ticket, sent and not answered
+	seq          uint32 // tickets handed out
+	sent         sliding
+	accepts      sliding // answers not refused, with or without a ticket
+	refusals     sliding
+	okLoad       twoSeconds // the most in flight at the send of an accepted attempt
+	answered     time.Time  // when the last answer came, and when it was sent
+	answeredSent time.Time
+	held         bool    // it served an attempt of ours while it refused others
+	ghosts       float64 // attempts sent before the record, still on their way, at most (while fresh)
+	latencies    latencies
+
+	// The run of failures that may make the host down.
+	streak      int
+	streakFrom  time.Time
+	streakSeq   uint32 // the first ticket sent after the run began
+	older       int    // attempts sent before the run began, still in flight: they may yet succeed
+	reachable   bool   // some failure of the run had a connection
+	together    bool   // some failure of the run was of an attempt sent while another was on its way
+	lastFailure string
+	rateBefore  float64 // what the host accepted in the second before the run
+
+	ctl  control
+	down outage
+	q    quota
+}
+
+// control is how an overloaded or recovering host is held: a rate, or a
+// limit on what is in flight, and what the model knows of where the host
+// refuses.
+type control struct {
+	rate       float64 // attempts a second; 0: no pace
+	burst      int
+	limit      int     // attempts in flight; 0: no limit
+	ceil       float64 // what the host accepted when it last refused (a rate, or a count in flight); 0: unknown
+	step       float64 // the next step past ceil
+	holdUntil  time.Time
+	grownAt    time.Time
+	nearAt     time.Time // when the pace reached just below ceil
+	busyAt     time.Time // when a request last waited for the pace or a slot
+	burstCut   bool      // the last cut was of a burst sent before the host had a record
+	notBefore  time.Time // the pace's first slot after that cut
+	guess      int       // what the host took at once in that burst: a limit in flight to try
+	tried      bool      // the guess was tried
+	before     float64   // the rate to return to when a limit in flight is refuted, and its ceil
+	beforeCeil float64
+	acked      int // accepted answers since the limit last grew
+	cutAt      time.Time
+	cutShare   float64 // the share refused in the second before the cut
+	cutBound   bool    // the pace bound since the cut
+	slotFreed  chan struct{}
+}
+
+// outage is what a down host's record keeps.
+type outage struct {
+	next       time.Time // the next probe
+	turnedAway sliding   // what the callers asked while it was down
+	oldRate    float64   // what it accepted before its run of failures
+}
+
+// admitDown lets a probe go once every probeEvery, and hands every other
+// attempt back at once.
+func (m *hostModel) admitDown(host string, now time.Time) Reservation {
+	d := &m.down
+	if !now.Before(d.next) {
+		d.next = now.Add(probeEvery)
+		return Reservation{OK: true, Report: true, Ticket: m.send(now)}
+	}
+	d.turnedAway.add(now, 1)
+	return Reservation{Down: &HostDownError{Host: host, Since: m.streakFrom, Last: m.lastFailure, Retry: d.next}}
+}
+
+// quota is what a host announces it grants: limit per window, remaining
+// until reset. A host whose reset moment moves between answers refills as
+// it goes (a sliding window, a token bucket): it is held to what remains
+// and refilled at limit per window; any other is held to what remains
+// until its reset, then grants limit again.
+type quota struct {
+	limit     int
+	window    time.Duration // said (RateLimit-Policy's w), or the longest reset seen
+	remaining int           // what the last answer said, less what was in flight then
+	taken     int           // attempts sent since that answer
+	at        time.Time     // when that answer came
+	resetAt   time.Time     // when it is whole again; zero: not said
+	sliding   bool
+}
+
+func (q *quota) active() bool { return q.limit > 0 }
+
+// perSecond is the rate the quota allows, 0 when its window is unknown.
+func (q *quota) perSecond() float64 {
+	if q.window <= 0 {
+		return 0
+	}
+	return float64(q.limit) / q.window.Seconds()
+}
+
+// tokens is how many attempts the quota lets go at now.
+func (q *quota) tokens(now time.Time) float64 {
+	if !q.resetAt.IsZero() && !now.Before(q.resetAt) {
+		q.roll(now)
+	}
+	t := float64(q.remaining)
+	if q.sliding {
+		t = min(float64(q.limit), t+now.Sub(q.at).Seconds()*q.perSecond())
+	}
+	return t - float64(q.taken)
+}
+
+// roll starts the window after the reset: whole again.
+func (q *quota) roll(now time.Time) {
+	q.remaining, q.taken, q.at = q.limit, 0, q.resetAt
+	switch {
+	case q.window <= 0:
+		q.resetAt = time.Time{}
+	default:
+		// The resets to come, a window apart, the first after now.
+		n := now.Sub(q.resetAt)/q.window + 1
+		q.resetAt = q.resetAt.Add(n * q.window)
+	}
+}
+
+// nextToken is when the quota next lets an attempt go, when it lets none
+// go at now; zero when nothing is known to refill it.
+func (q *quota) nextToken(now time.Time) time.Time {
+	missing := 1 - q.tokens(now)
+	if q.sliding && q.perSecond() > 0 {
+		at := now.Add(time.Duration(missing / q.perSecond() * float64(time.Second)))
+		if !q.resetAt.IsZero() && at.After(q.resetAt) {
+			return q.resetAt
+		}
+		return at
+	}
+	return q.resetAt
+}
+
+// quotaWait says whether the quota lets no attempt go at now, and until
+// when. While the record is fresh, the attempts of the burst that made it,
+// still on their way, are counted against what remains (up to a quota's
+// worth, and no longer than the record is fresh: a busy process's other
+// traffic is not this host's).
+func (m *hostModel) quotaWait(now time.Time) (time.Time, bool) {
+	tokens := m.q.tokens(now)
+	if tokens < 1 {
+		return m.q.nextToken(now), true
+	}
+	if m.fresh(now) && tokens-min(m.ghosts, float64(m.q.limit)) < 1 {
+		end := m.since.Add(holdTime)
+		if next := m.q.nextToken(now); !next.IsZero() && next.Before(end) {
+			end = next
+		}
+		return end, true
+	}
+	return time.Time{}, false
+}
+
+// learnQuota takes in what an answer announces.
+func (m *hostModel) learnQuota(l *localLimiter, host string, sig *Signal) {
+	q, now := &m.q, sig.Now
+	window := sig.Window
+	if window <= 0 && sig.Reset > 0 {
+		window = max(q.window, sig.Reset.Round(time.Second), time.Second)
+	}
+	if q.limit != sig.Limit || (sig.Window > 0 && q.window != sig.Window) {
+		*q = quota{} // a new announcement replaces the old
+		l.log(host, "retryhttp: quota", slog.Int("limit", sig.Limit), slog.String("window", window.String()))
+	}
+	q.limit, q.window = sig.Limit, window
+	if sig.Reset >= 0 {
+		resetAt := now.Add(sig.Reset)
+		// A fixed window names the same moment until it ends (in whole
+		// seconds, as the headers say it); a moment that moves within it
+		// is a window that slides.
+		if !q.resetAt.IsZero() && now.Before(q.resetAt) && absDuration(resetAt.Sub(q.resetAt)) > time.Second {
+			q.sliding = true
+		}
+		q.resetAt = resetAt
+	}
+	if sig.Remaining >= 0 {
+		// What was in flight when the host counted is taken from it too.
+		q.remaining, q.taken, q.at = sig.Remaining-m.inflight, 0, now
+	}
+}
+
+func absDuration(d time.Duration) time.Duration {
+	if d < 0 {
+		return -d
+	}
+	return d
+}
+
+// newModel starts the record of a host at its first failure, refusal or
+// announcement.
+func newModel(gen uint32, now time.Time) *hostModel {
+	return &hostModel{gen: gen, since: now, seen: now}
+}
+
+// ticket is a reservation's stamp: the record it belongs to, the attempt's
+// sequence number, and how many were in flight with it, itself included.
+func ticket(gen, seq uint32, load int) uint64 {
+	return uint64(gen)<<40 | uint64(seq)<<8&(1<<40-1) | uint64(min(load, 255))
+}
+
+func ticketParts(t uint64) (gen, seq uint32, load int) {
+	return uint32(t >> 40), uint32(t>>8) & (1<<32 - 1), int(t & 255)
+}
+
+// send counts an attempt the limiter let go, and returns its ticket.
+func (m *hostModel) send(now time.Time) uint64 {
+	m.seq++
+	m.inflight++
+	m.sent.add(now, 1)
+	m.seen = now
+	return ticket(m.gen, m.seq, m.inflight)
+}
+
+// release takes an answered (or unsent) attempt out of what is in flight,
+// and says whether it was one of this record's, with its load and sequence.
+func (m *hostModel) release(t uint64) (tracked bool, load int) {
+	gen, seq, load := ticketParts(t)
+	if t == 0 || gen != m.gen {
+		return false, 0
+	}
+	m.inflight = max(m.inflight-1, 0)
+	if m.streak > 0 && seq < m.streakSeq {
+		m.older = max(m.older-1, 0)
+	}
+	m.ctl.wake() // a waiter for a slot may go
+	return true, load
+}
+
+// acked1 grows a limit in flight below what the host took at once by one
+// for every limit's worth of accepted answers, while requests wait for it.
+func (c *control) acked1(now time.Time) {
+	if c.limit == 0 || float64(c.limit) >= c.ceil-1 || now.Sub(c.busyAt) >= holdTime {
+		return
+	}
+	if c.acked++; c.acked >= c.limit {
+		c.limit, c.acked = c.limit+1, 0
+		if float64(c.limit) >= c.ceil-1 {
+			c.nearAt = now
+		}
+	}
+}
+
+// wake lets the requests waiting for a slot in flight ask again.
+func (c *control) wake() {
+	if c.slotFreed != nil {
+		close(c.slotFreed)
+		c.slotFreed = nil
+	}
+}
+
+// slot returns what a request waits on for a slot in flight.
+func (c *control) slot() <-chan struct{} {
+	if c.slotFreed == nil {
+		c.slotFreed = make(chan struct{})
+	}
+	return c.slotFreed
+}
+
+// answer takes in what an attempt got, and makes the transition it calls
+// for. It is the model's one entry for answers.
+func (m *hostModel) answer(sig *Signal, l *localLimiter, host string) {
+	now := sig.Now
+	tracked, load := m.release(sig.Ticket)
+	if !tracked && !sig.Canceled {
+		m.ghosts = max(m.ghosts-1, 0)
+	}
+	if sig.Limit > 0 {
+		m.learnQuota(l, host, sig)
+	}
+	o := sig.outcome()
+	if o == saysNothing {
+		return
+	}
+	m.seen = now
+	// Sent while another was on its way: before the last answer came, or
+	// with the attempt that brought it.
+	sentAt := now.Add(-sig.Latency)
+	overlapped := load > 1 || (!tracked && (sentAt.Before(m.answered) || sentAt.Equal(m.answeredSent)))
+	m.answered, m.answeredSent = now, sentAt
+	switch o {
+	case refused:
+		m.refusals.add(now, 1)
+	case accepted, served:
+		m.accepts.add(now, 1)
+	}
+	if tracked && sig.Latency > 0 && o == accepted {
+		m.latencies.add(sig.Latency)
+	}
+	switch o {
+	case accepted, served:
+		if tracked && o == accepted {
+			m.okLoad.add(now, load)
+			m.ctl.acked1(now)
+		}
+		if !tracked && o == accepted && !sentAt.After(m.since) && now.After(m.since) {
+			// Sent before the host first refused, answered after: it
+			// held this one while it refused others.
+			m.held = true
+		}
+		m.streak = 0
+		if m.state == HostDown {
+			m.recover(l, host, now)
+		}
+		if o == served {
+			m.lastTrouble = now
+			m.fail(now)
+		}
+	case refused:
+		m.lastTrouble = now
+		if sig.Status != http.StatusTooManyRequests {
+			m.failure(sig, overlapped)
+		}
+		if m.state == HostDown {
+			break
+		}
+		if m.explained(sig, overlapped) {
+			m.overload(l, host, sig, tracked, load, overlapped)
+		} else {
+			m.fail(now)
+		}
+	case failed:
+		m.lastTrouble = now
+		m.failure(sig, overlapped)
+		if m.state != HostDown {
+			m.fail(now)
+		}
+	}
+	if m.state != HostDown && m.falls(now) {
+		m.fall(l, host, now)
+	}
+}
+
+// fail: Healthy → Failing. A failing host is not slowed.
+func (m *hostModel) fail(now time.Time) {
+	if m.state == HostHealthy {
+		m.setState(HostFailing, now)
+	}
+}
+
+func (m *hostModel) setState(s HostState, now time.Time) {
+	if m.state != s {
+		m.state, m.since = s, now
+	}
+}
+
+// failure adds an answer that got nothing through to the run that may make
+// the host down.
+func (m *hostModel) failure(sig *Signal, overlapped bool) {
+	if m.streak == 0 {
+		m.streakFrom, m.streakSeq, m.reachable, m.together = sig.Now, m.seq+1, false, false
+		// Attempts sent before this one, still in flight, may yet get
+		// through: the host is not down while they may.
+		m.older = m.inflight
+		// What the host took before the run, to be paced at when it comes
+		// back; for a record just made, the process's rate bounds it.
+		m.rateBefore = m.accepts.lastSecond(sig.Now)
+		if m.fresh(sig.Now) {
+			m.rateBefore = max(m.rateBefore, sig.Sent)
+		}
+	}
+	m.streak++
+	m.reachable = m.reachable || !sig.Unreachable
+	m.together = m.together || overlapped
+	m.lastFailure = sig.describe()
+}
+
+// falls reports whether the run of failures makes the host down: nothing
+// got through, nothing sent before the run is still on its way, and the
+// run is long enough: downFailures when no connection could be made at
+// all, or over downAfter; downRun when each was sent after the last was
+// answered.
+func (m *hostModel) falls(now time.Time) bool {
+	if m.streak < downFailures || m.older > 0 {
+		return false
+	}
+	span := now.Sub(m.streakFrom)
+	return !m.reachable || span >= downAfter || (m.streak >= downRun && !m.together && span > 0)
+}
+
+// fall: any → Down. The host is handed back at once but for its probes,
+// one every probeEvery; requests waiting for a slot in flight learn of it.
+func (m *hostModel) fall(l *localLimiter, host string, now time.Time) {
+	m.down = outage{next: now.Add(probeEvery), oldRate: m.rateBefore}
+	m.setState(HostDown, now)
+	m.ctl.wake()
+	l.log(host, "retryhttp: host down", slog.String("since", m.streakFrom.UTC().Format(time.RFC3339Nano)),
+		slog.String("last", m.lastFailure))
+}
+
+// recover: Down → Recovering, at the rate the host took before, or what
+// the callers asked of it meanwhile when that is less; its old pace, if it
+// had one, when it was overloaded.
+func (m *hostModel) recover(l *localLimiter, host string, now time.Time) {
+	r := m.down.oldRate
+	if asked := m.down.turnedAway.lastSecond(now); asked > 0 && (r == 0 || asked < r) {
+		r = asked
+	}
+	m.down = outage{}
+	m.streak = 0
+	was := m.ctl
+	m.ctl = control{slotFreed: was.slotFreed}
+	if was.rate > 0 || was.limit > 0 {
+		m.ctl.rate, m.ctl.limit, m.ctl.ceil = was.rate, was.limit, was.ceil
+	} else {
+		m.ctl.rate = max(r, 1/holdTime.Seconds())
+	}
+	m.ctl.burst = max(1, int(m.ctl.rate*horizon.Seconds()))
+	m.ctl.grownAt, m.ctl.busyAt = now, now
+	m.setState(HostRecovering, now)
+	l.log(host, "retryhttp: host back", slog.Float64("pace", round2(m.ctl.rate)))
+}
+
+// explained reports whether load explains a refusal (see the package
+// comment above): the host says so, or it came with more in flight than
+// the host accepted at once, or the host refused more than it accepted of
+// a burst.
+func (m *hostModel) explained(sig *Signal, overlapped bool) bool {
+	now := sig.Now
+	if sig.Status == http.StatusTooManyRequests || m.state == HostOverloaded || m.state == HostRecovering {
+		return true
+	}
+	sent := m.sentLastSecond(sig)
+	return overlapped && sent > overloadRatio*(sent-m.refusals.lastSecond(now))
+}
+
+// sentLastSecond is what the host got in the last second: what was counted
+// for it, or, until it has been counted a second, what the process sent to
+// every host, of which it got at most all.
+func (m *hostModel) sentLastSecond(sig *Signal) float64 {
+	sent := m.sent.lastSecond(sig.Now)
+	if m.fresh(sig.Now) {
+		sent = max(sent, sig.Sent, m.accepts.lastSecond(sig.Now)+m.refusals.lastSecond(sig.Now))
+	}
+	return sent
+}
+
+// overload: → Overloaded, and the pace cut to what the host accepts, once a
+// hold; or the limit in flight set to what it accepted at once, when it
+// refused only beyond that. A refusal of the same burst after a cut may
+// lower the pace further, to what it shows was accepted.
+func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked bool, load int, overlapped bool) {
+	now, c := sig.Now, &m.ctl
+	if m.q.active() && (sig.Remaining >= 0 || sig.Wait > 0) {
+		// The host says what it accepts: its quota and its waits hold it.
+		m.setState(HostOverloaded, now)
+		return
+	}
+	// What the host accepted in the last second: the answers that said
+	// so, or, for a burst whose accepted answers came before the host had
+	// a record, what it got less what it refused.
+	sent := m.sentLastSecond(sig)
+	accepted := max(sent-m.refusals.lastSecond(now), m.accepts.lastSecond(now), 0)
+	if sig.Wait > 0 {
+		accepted = max(accepted, 1/sig.Wait.Seconds())
+	}
+	if m.state != HostOverloaded && m.state != HostRecovering {
+		m.setState(HostOverloaded, now)
+		*c = control{slotFreed: c.slotFreed}
+	}
+	switch {
+	case c.limit > 0 && !tracked:
+		return // a late answer of an attempt sent before the limit
+	case c.limit > 0 && load <= 1:
+		// Refused with nothing else in flight: no limit in flight
+		// explains that, a rate does.
+		c.limit, c.burstCut, c.cutAt, c.ceil = 0, false, time.Time{}, c.beforeCeil
+		if c.before > 0 {
+			m.setRate(l, host, c.before, now)
+			c.holdUntil, c.grownAt, c.nearAt = now.Add(holdTime), now, now
+			return
+		}
+		m.cutRate(l, host, now, accepted, sent, false, false)
+		return
+	case c.limit > 0:
+		// Refused with others in flight: one fewer at once. A limit one
+		// above the host's loses one attempt per slot too many, once.
+		c.limit = max(1, c.limit-1)
+		c.ceil, c.holdUntil, c.grownAt, c.nearAt = float64(c.limit+1), now.Add(holdTime), now, now
+		return
+	case now.Before(c.holdUntil):
+		if c.burstCut && m.fresh(now) && c.rate > 0 && cutShare*accepted < c.rate {
+			c.ceil = min(c.ceil, accepted)
+			c.guess = min(c.guess, int(math.Round(accepted)))
+			m.setRate(l, host, max(cutShare*accepted, 1/holdTime.Seconds()), now)
+		}
+		return
+	case c.rate > 0 && c.rate <= nearShare*c.ceil && m.noise(now, sent):
+		return // a lone refusal, among many accepted, at a pace the host took before
+	}
+	m.cutRate(l, host, now, accepted, sent, m.fresh(now), overlapped)
+}
+
+// fresh reports whether the record is a hold old or less: what it hears
+// of is still the burst that made it.
+func (m *hostModel) fresh(now time.Time) bool { return now.Sub(m.since) < holdTime }
+
+// noise reports refusals too few to say the pace is too fast: one in a
+// second, and less than the share a cut gives up.
+func (m *hostModel) noise(now time.Time, sent float64) bool {
+	r := m.refusals.lastSecond(now)
+	return r < 2 && r < (1-cutShare)*sent
+}
+
+// cutRate paces the host at cutShare of what it accepted.
+func (m *hostModel) cutRate(l *localLimiter, host string, now time.Time, accepted, sent float64, burst, overlapped bool) {
+	c := &m.ctl
+	target := cutShare * accepted
+	if c.rate > 0 {
+		target = min(target, cutShare*c.rate)
+	}
+	c.ceil, c.burstCut, c.limit = accepted, burst, 0
+	switch {
+	case burst && overlapped:
+		// What the host took of a burst at once may be a limit on what it
+		// serves at once, not a rate: tried once it has answered. The
+		// burst had what the host grants for now: the pace starts a hold
+		// later.
+		c.guess = int(math.Round(accepted))
+		c.notBefore = now.Add(holdTime)
+	case !burst && c.guess == 0:
+		c.guess = m.okLoad.max(now) // the most it took at once lately
+	}
+	c.step, c.holdUntil, c.grownAt, c.nearAt = probeStep, now.Add(holdTime), now, time.Time{}
+	c.cutAt, c.cutShare, c.cutBound = now, m.refusals.lastSecond(now)/max(sent, 1), false
+	m.setRate(l, host, max(target, 1/holdTime.Seconds()), now)
+}
+
+// setRate changes the learned pace, and logs a change that matters.
+func (m *hostModel) setRate(l *localLimiter, host string, r float64, now time.Time) {
+	c := &m.ctl
+	old := c.rate
+	c.rate, c.burst = r, 1
+	if m.state == HostRecovering {
+		c.burst = max(1, int(r*horizon.Seconds()))
+	}
+	if old == r || (old > 0 && r > 0 && r < 2*old && r > old/2) {
+		return
+	}
+	l.logPace(host, old, r)
+}
+
+// adjust runs before each attempt: it grows a pace that binds, settles one
+// that holds nothing back, tries a guessed limit in flight, and clears a
+// host the cut did not help.
+func (m *hostModel) adjust(l *localLimiter, host string, now time.Time) {
+	c := &m.ctl
+	if c.rate == 0 && c.limit == 0 {
+		return
+	}
+	if now.Before(c.holdUntil) || now.Sub(c.grownAt) < holdTime {
+		if now.Sub(c.busyAt) < holdTime && !c.cutAt.IsZero() && !c.busyAt.Before(c.cutAt) {
+			c.cutBound = true
+		}
+		return
+	}
+	defer func() { c.grownAt = now }()
+	binds := now.Sub(c.busyAt) < holdTime
+	if m.exonerated(now, binds) {
+		return
+	}
+	switch {
+	case binds && c.guess > 1 && !c.tried && m.held && c.rate > 0 && m.latencies.n > 0 &&
+		float64(c.guess)/m.latencies.p95().Seconds() > c.rate:
+		// The burst's share may have been a limit on what the host
+		// serves at once (it refused while it served ours; a host that
+		// refuses with nothing of ours in hand limits something else):
+		// try it, from what the pace has in flight up,
+		// one more for every limit's worth of accepted answers (TCP's
+		// congestion avoidance), and go back to the rate at the first
+		// refusal of an attempt sent alone.
+		c.tried, c.before, c.beforeCeil = true, c.rate, c.ceil
+		c.limit, c.rate, c.ceil, c.acked = max(m.inflight, 1), 0, float64(c.guess)+1, 0
+		l.log(host, "retryhttp: trying limit", slog.Int("in_flight", c.guess))
+	case binds && now.Sub(m.lastTrouble) >= holdTime:
+		m.grow(l, host, now)
+	case !binds && now.Sub(m.lastTrouble) >= forgetAfter:
+		// settle: the pace holds nothing back, and nothing went wrong for
+		// long enough that what was learned is stale.
+		l.logPace(host, c.rate, 0)
+		m.ctl = control{slotFreed: c.slotFreed}
+		m.setState(HostHealthy, now)
+	}
+}
+
+// exonerated is the check of a cut: if the host refused as large a share
+// after a cut that bound as before it, load did not cause the refusals,
+// and the host is failing, not overloaded.
+func (m *hostModel) exonerated(now time.Time, binds bool) bool {
+	c := &m.ctl
+	if c.cutAt.IsZero() || c.limit > 0 || now.Sub(c.cutAt) < 2*holdTime {
+		return false
+	}
+	bound := c.cutBound || binds
+	share := m.refusals.lastSecond(now) / max(m.sent.lastSecond(now), 1)
+	c.cutAt = time.Time{}
+	if !bound || m.refusals.lastSecond(now) < 2 || share < c.cutShare/2 {
+		return false
+	}
+	l := m.ctl
+	m.ctl = control{slotFreed: l.slotFreed}
+	m.setState(HostFailing, now)
+	return true
+}
+
+// grow raises a pace or limit that binds: up to just below what the host
+// accepted when it last refused, a while there, then faster and faster
+// past it, in case the host can take more now.
+func (m *hostModel) grow(l *localLimiter, host string, now time.Time) {
+	c := &m.ctl
+	if c.limit > 0 {
+		switch {
+		case float64(c.limit) < c.ceil-1:
+			return // it grows with its accepted answers (acked)
+		case !c.nearAt.IsZero() && now.Sub(c.nearAt) < 2*holdTime:
+			return
+		case c.nearAt.IsZero():
+			c.nearAt = now
+			return
+		default:
+			c.limit += int(c.step)
+			c.step = min(2*c.step, float64(max(c.limit/2, 1)))
+		}
+		return
+	}
+	if m.state == HostRecovering && c.ceil == 0 {
+		m.setRate(l, host, 2*c.rate, now) // nothing refused since it came back
+		return
+	}
+	near := nearShare * c.ceil
+	next := c.rate * 2
+	switch {
+	case c.rate < near:
+		next = min(next, near)
+		if next >= near {
+			c.nearAt = now
+		}
+	case !c.nearAt.IsZero() && now.Sub(c.nearAt) < 2*holdTime:
+		return
+	default:
+		next = c.rate * (1 + c.step)
+		c.step = min(3*c.step, 1)
+	}
+	if m.q.active() {
+		if r := m.q.perSecond(); r > 0 {
+			next = min(next, r)
+		}
+	}
+	m.setRate(l, host, next, now)
+}
+
+// pace is the learned pace, unlimited when none.
+func (m *hostModel) pace() Pace {
+	if m.ctl.rate <= 0 {
+		return Pace{Limit: rate.Inf}
+	}
+	return newPace(rate.Limit(m.ctl.rate), max(m.ctl.burst, 1))
+}
+
+// status says what the record knows, for Learn's caller: the learned pace,
+// or the rate the host's quota allows when that is slower.
+func (m *hostModel) status() HostStatus {
+	s := HostStatus{State: m.state, Since: m.since, Pace: m.pace(), InFlight: m.ctl.limit}
+	if r := m.q.perSecond(); r > 0 && (s.Pace.Unlimited() || rate.Limit(r) < s.Pace.Limit) {
+		s.Pace = newPace(rate.Limit(r), m.q.limit)
+	}
+	if m.state == HostDown {
+		s.Retry = m.down.next
+	}
+	return s
+}
+
+// expired reports whether the record can be forgotten: nothing is in
+// flight, it is not down or holding a pace (unless nobody asked for the
+// host lately), and nothing went wrong with the host for forgetAfter.
+func (m *hostModel) expired(now time.Time) bool {
+	if m.inflight > 0 && now.Sub(m.seen) < forgetAfter {
+		return false
+	}
+	if now.Sub(m.seen) >= forgetAfter {
+		return true
+	}
+	if m.state == HostDown || m.ctl.rate > 0 || m.ctl.limit > 0 || (m.q.active() && m.q.tokens(now) < 1) {
+		return false
+	}
+	return now.Sub(m.lastTrouble) >= forgetAfter && (!m.q.active() || now.Sub(m.q.at) >= forgetAfter)
+}
+
+func round2(f float64) float64 { return math.Round(f*100) / 100 }
+
+// log writes one line about a host's change of state, when there is a
+// logger.
+func (l *localLimiter) log(host, msg string, attrs ...slog.Attr) {
+	if l.logger == nil {
+		return
+	}
+	l.logger.LogAttrs(context.Background(), slog.LevelInfo, msg, append([]slog.Attr{slog.String("host", host)}, attrs...)...)
+}
+
+// logPace says a learned pace changed: set, dropped, halved or doubled.
+func (l *localLimiter) logPace(host string, from, to float64) {
+	l.log(host, "retryhttp: learned pace", paceAttr("from", from), paceAttr("to", to))
+}
+
+// paceAttr is a learned pace in a log line: attempts a second, or
+// "unlimited".
+func paceAttr(key string, r float64) slog.Attr {
+	if r <= 0 {
+		return slog.String(key, "unlimited")
+	}
+	return slog.String(key, fmt.Sprintf("%g/s", round2(r)))
+}
+
+// sliding counts events over the last second in two one-second bins: the
+// current one whole, and the share of the last that the second still
+// covers.
+type sliding struct {
+	start     time.Time // the current bin's start
+	cur, prev float64
+}
+
+func (s *sliding) roll(now time.Time) {
+	switch d := now.Sub(s.start); {
+	case d < time.Second:
+	case d < 2*time.Second:
+		s.start, s.prev, s.cur = s.start.Add(time.Second), s.cur, 0
+	default:
+		s.start, s.prev, s.cur = now, 0, 0
+	}
+}
+
+func (s *sliding) add(now time.Time, n float64) {
+	s.roll(now)
+	s.cur += n
+}
+
+func (s *sliding) lastSecond(now time.Time) float64 {
+	s.roll(now)
+	return s.cur + s.prev*(1-float64(now.Sub(s.start))/float64(time.Second))
+}
+
+// twoSeconds keeps the largest value seen this second and the last.
+type twoSeconds struct {
+	start     time.Time
+	cur, prev int
+}
+
+func (w *twoSeconds) roll(now time.Time) {
+	switch d := now.Sub(w.start); {
+	case d < time.Second:
+	case d < 2*time.Second:
+		w.start, w.prev, w.cur = w.start.Add(time.Second), w.cur, 0
+	default:
+		w.start, w.prev, w.cur = now, 0, 0
+	}
+}
+
+func (w *twoSeconds) add(now time.Time, v int) {
+	w.roll(now)
+	w.cur = max(w.cur, v)
+}
+
+func (w *twoSeconds) max(now time.Time) int {
+	w.roll(now)
+	return max(w.cur, w.prev)
+}
+
+// latencies keeps a host's recent answer latencies, for its 95th
+// percentile: the last 64, in a ring.
+type latencies struct {
+	ring [64]time.Duration
+	n    int
+	next int
+}
+
+func (ls *latencies) add(d time.Duration) {
+	ls.ring[ls.next] = d
+	ls.next = (ls.next + 1) % len(ls.ring)
+	ls.n = min(ls.n+1, len(ls.ring))
+}
+
+// p95 is the 95th percentile of the latencies kept; 0 when none.
+func (ls *latencies) p95() time.Duration {
+	if ls.n == 0 {
+		return 0
+	}
+	var sorted [64]time.Duration
+	s := sorted[:ls.n]
+	copy(s, ls.ring[:ls.n])
+	// Insertion sort: 64 values at most, and no allocation.
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+	return s[(len(s)*95+99)/100-1]
+}
+
+// observe reads what an answer says of its host, parks the host when it
+// named a wait, tells the limiter what the answer says of the host, and
+// fills in a for decide. It reports false for a plain success: nothing to
+// observe and nothing to decide. For a host without a model that costs
+// three header lookups: no clock reading, no parsing and no call to the
+// limiter.
+func (c *call) observe(a *answer) bool {
+	t, resp := c.t, a.resp
+	var (
+		h     http.Header
+		code  int
+		quota bool
+	)
+	if resp != nil {
+		h, code = resp.Header, resp.StatusCode
+		// Three lookups: a host that announces a quota says what remains
+		// of it too (X-RateLimit-Limit comes with -Remaining,
+		// RateLimit-Policy with RateLimit or RateLimit-Remaining).
+		quota = len(h["X-Ratelimit-Remaining"]) > 0 || len(h["Ratelimit-Remaining"]) > 0 || len(h["Ratelimit"]) > 0
+	}
+	plain := resp != nil && code < 400 && c.retryIf == nil && !t.statuses.has(code)
+	tell := c.adm.report || quota
+	if plain && !tell {
+		if tell = c.sentBeforeRecord(); !tell {
+			return false
+		}
+	}
+	now := t.clock.Now()
+	a.now = now
+	sig := Signal{Now: now, Ticket: c.adm.ticket, Latency: now.Sub(c.adm.at), Status: code, Reset: -1, Remaining: -1}
+	if resp == nil {
+		sig.Err, sig.Failed = a.err, true
+		sig.Canceled = c.ctx.Err() != nil // the caller's doing, not the host's
+		sig.Unreachable = dialFailed(a.err)
+	} else {
+		c.readWaits(a, h, quota, &sig)
+	}
+	a.refused = sig.Refused
+	if o := sig.outcome(); t.noLearning || (!tell && (o == accepted || o == saysNothing)) {
+		return !plain
+	}
+	sig.Sent = t.sentLastSecond(now)
+	st, err := t.limiter.Learn(c.ctx, c.hostName(), sig)
+	if err != nil && t.logger != nil {
+		t.logger.LogAttrs(c.ctx, slog.LevelWarn, "retryhttp: learning failed",
+			slog.String("host", c.hostName()), slog.String("error", err.Error()))
+	}
+	a.down = st.State == HostDown
+	a.paced = sig.Refused && (st.State == HostOverloaded || st.State == HostRecovering)
+	return !plain
+}
+
+// sentBeforeRecord reports, for an attempt that got no ticket, whether a
+// host just got a record: its answer may be one of a burst that host is
+// still answering, which the record wants to hear of (see held). One
+// atomic load while no host has a record.
+func (c *call) sentBeforeRecord() bool {
+	l := c.t.free
+	if c.adm.report || l == nil || l.learning.Load() == 0 {
+		return false
+	}
+	return c.t.clock.Now().Sub(l.epoch).Nanoseconds() < l.freshUntil.Load()
+}
+
+// readWaits reads the waits and the quota an answer names, parks the host
+// when it named one, and fills in the Signal.
+func (c *call) readWaits(a *answer, h http.Header, quota bool, sig *Signal) {
+	t, resp, now := c.t, a.resp, a.now
+	code := resp.StatusCode
+	var q announcement
+	if quota && !t.noLearning {
+		q = announced(h, now)
+	}
+	a.wait, a.named = serverWait(resp, now)
+	// A spent quota on a success is the model's to hold while it learns
+	// (until the reset, or the next grant of a window that slides); a
+	// refusal that names its moment parks the host.
+	if a.named && a.wait > 0 && (code >= 400 || t.noLearning || q.limit == 0) {
+		until := t.park(c.ctx, c.hostName(), now, max(a.wait, t.raFloor))
+		if len(t.onPark) > 0 {
+			ev := ParkEvent{Request: c.req, Host: c.hostName(), Until: until, Status: code}
+			for _, hook := range t.onPark {
+				hook(ev)
+			}
+		}
+	}
+	sig.Refused = code == http.StatusTooManyRequests ||
+		((code == http.StatusServiceUnavailable || code == statusOverloaded) && !a.named)
+	if code == http.StatusTooManyRequests && a.named {
+		sig.Wait = max(a.wait, t.raFloor)
+	}
+	sig.Limit, sig.Window, sig.Reset, sig.Remaining = q.limit, q.window, q.reset, q.remaining
+}
+
+// dialFailed reports an attempt that never got a connection: a dial that
+// failed, refused or unreachable.
+func dialFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// serverWait is the wait a response names: Retry-After on an error status,
+// else the reset of a spent quota.
+func serverWait(resp *http.Response, now time.Time) (time.Duration, bool) {
+	h := resp.Header
+	if resp.StatusCode >= 400 {
+		if w, ok := retryAfter(h, now); ok {
+			return w, true
+		}
+	}
+	return quotaReset(h, now)
+}
+
+// learnMaxWindow is the longest window an announced quota may have: a
+// longer one is absurd, and ignored.
+const learnMaxWindow = 24 * time.Hour

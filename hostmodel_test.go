@@ -1,0 +1,352 @@
+package retryhttp
+
+// The host model against hosts that fail in the ways of issue 16 and a
+// few more: real net/http servers, over the in-memory network of a
+// testing/synctest bubble (virtual time), so that seconds of traffic run in
+// milliseconds and give the same figures every run.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// pages runs n workers that take the pages 1..total from a shared queue and
+// GET each once through rt. It returns the pages served (200) and when the
+// last was, since the start.
+func pages(t *testing.T, rt http.RoundTripper, url string, n, total int) (served int, done time.Duration) {
+	t.Helper()
+	var (
+		mu   sync.Mutex
+		next = 1
+		ok   atomic.Int64
+		last atomic.Int64
+		wg   sync.WaitGroup
+	)
+	start := time.Now()
+	for range n {
+		wg.Go(func() {
+			for {
+				mu.Lock()
+				page := next
+				next++
+				mu.Unlock()
+				if page > total {
+					return
+				}
+				resp, err := send(rt, http.MethodGet, fmt.Sprintf("%s/page/%d", url, page), "", nil)
+				if err != nil {
+					continue
+				}
+				if resp.StatusCode == http.StatusOK {
+					ok.Add(1)
+					last.Store(int64(time.Since(start)))
+				}
+				readAll(resp)
+			}
+		})
+	}
+	wg.Wait()
+	return int(ok.Load()), time.Duration(last.Load())
+}
+
+// semaphoreHost serves `slots` requests at a time, each for `work`, and
+// answers 503 at once beyond: a concurrency limit.
+type semaphoreHost struct {
+	slots    chan struct{}
+	work     time.Duration
+	requests atomic.Int64
+}
+
+func newSemaphoreHost(slots int, work time.Duration) *semaphoreHost {
+	return &semaphoreHost{slots: make(chan struct{}, slots), work: work}
+}
+
+func (h *semaphoreHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.requests.Add(1)
+	select {
+	case h.slots <- struct{}{}:
+	default:
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	time.Sleep(h.work)
+	<-h.slots
+	w.Write([]byte("ok"))
+}
+
+// TestHostModelConcurrencyLimit: a host that serves 10 requests at a time,
+// 100 ms each (100 a second), and answers 503 beyond. 30 workers fetch 600
+// pages with the defaults: every page, at most 1.15 requests a page, within
+// 1.5 times the ideal 6 s. The limit is learned as one on what is in
+// flight.
+func TestHostModelConcurrencyLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		host := newSemaphoreHost(10, 100*time.Millisecond)
+		net := newPipeNet(host)
+		defer net.close()
+		tr := New(WithBase(net.tr))
+		served, done := pages(t, tr, "http://sem.test", 30, 600)
+		st, _ := tr.HostStatus(context.Background(), "sem.test")
+		t.Logf("%d of 600 pages, %d requests (%.2f a page), last at %v; host %v, limit %d", served, host.requests.Load(),
+			float64(host.requests.Load())/600, done, st.State, st.InFlight)
+		if served != 600 || host.requests.Load() > 690 || done > 9*time.Second {
+			t.Errorf("%d pages, %d requests, %v; want 600, at most 690, within 9 s", served, host.requests.Load(), done)
+		}
+	})
+}
+
+// replicaHost sends every fifth request to a broken replica that answers
+// status at once, the others to one that serves in 20 ms: failures that
+// load does not explain.
+type replicaHost struct {
+	status   int
+	n        atomic.Int64
+	requests atomic.Int64
+}
+
+func (h *replicaHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.requests.Add(1)
+	if h.n.Add(1)%5 == 0 {
+		w.WriteHeader(h.status)
+		return
+	}
+	time.Sleep(20 * time.Millisecond)
+	w.Write([]byte("ok"))
+}
+
+// TestHostModelBrokenReplica: 30 workers, 600 GETs, one answer in five a
+// 503 (or a 502) from a broken replica. Every page a retry can get (at
+// least 590), as fast as learning off without a budget (within a quarter):
+// the host is failing, not overloaded, and successful retries pay for
+// themselves.
+func TestHostModelBrokenReplica(t *testing.T) {
+	for _, status := range []int{http.StatusServiceUnavailable, http.StatusBadGateway} {
+		t.Run(http.StatusText(status), func(t *testing.T) {
+			var baseline time.Duration
+			synctest.Test(t, func(t *testing.T) {
+				net := newPipeNet(&replicaHost{status: status})
+				defer net.close()
+				_, baseline = pages(t, New(WithBase(net.tr), WithLearning(false), WithBudget(nil)), "http://replica.test", 30, 600)
+			})
+			synctest.Test(t, func(t *testing.T) {
+				host := &replicaHost{status: status}
+				net := newPipeNet(host)
+				defer net.close()
+				tr := New(WithBase(net.tr))
+				served, done := pages(t, tr, "http://replica.test", 30, 600)
+				st, _ := tr.HostStatus(context.Background(), "replica.test")
+				t.Logf("%d of 600, %d requests, last at %v (learning off, no budget: %v); host %v", served, host.requests.Load(), done, baseline, st.State)
+				if served < 590 || done > baseline*5/4 {
+					t.Errorf("%d pages by %v, want at least 590 within %v", served, done, baseline*5/4)
+				}
+				if st.State != HostFailing {
+					t.Errorf("host %v, want failing", st.State)
+				}
+			})
+		})
+	}
+}
+
+// TestHostModelSequentialFlaky: one request at a time to a host whose
+// every other answer is a 503: nothing sent one at a time overloads
+// anything, and the client is as fast as with learning off (within a
+// quarter).
+func TestHostModelSequentialFlaky(t *testing.T) {
+	run := func(learning bool) (time.Duration, HostStatus) {
+		var took time.Duration
+		var st HostStatus
+		synctest.Test(t, func(t *testing.T) {
+			var n atomic.Int64
+			net := newPipeNet(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				time.Sleep(10 * time.Millisecond)
+				if n.Add(1)%2 == 0 {
+					w.WriteHeader(http.StatusServiceUnavailable)
+					return
+				}
+				w.Write([]byte("ok"))
+			}))
+			defer net.close()
+			tr := New(WithBase(net.tr), WithLearning(learning))
+			start := time.Now()
+			for i := range 100 {
+				if code, _ := get(t, tr, fmt.Sprintf("http://flaky.test/%d", i)); code != 200 {
+					t.Errorf("request %d: %d", i, code)
+				}
+			}
+			took = time.Since(start)
+			st, _ = tr.HostStatus(context.Background(), "flaky.test")
+		})
+		return took, st
+	}
+	off, _ := run(false)
+	on, st := run(true)
+	t.Logf("100 requests: %v with learning, %v without; host %v", on, off, st.State)
+	if on > off*5/4 {
+		t.Errorf("%v with learning, %v without: want within a quarter", on, off)
+	}
+	if st.State != HostFailing || !st.Pace.Unlimited() {
+		t.Errorf("host %+v, want failing and unpaced", st)
+	}
+}
+
+// TestHostModelBrokenEndpoint: one endpoint answers 500 to everything; the
+// host's other paths are never held back.
+func TestHostModelBrokenEndpoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		net := newPipeNet(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(5 * time.Millisecond)
+			if r.URL.Path == "/broken" {
+				w.WriteHeader(http.StatusInternalServerError)
+				return
+			}
+			w.Write([]byte("ok"))
+		}))
+		defer net.close()
+		tr := New(WithBase(net.tr))
+		// The broken endpoint alone, for a while: a host that answers,
+		// even 500, is up.
+		for range 50 {
+			resp, err := send(tr, http.MethodGet, "http://api.test/broken", "", nil)
+			if err != nil {
+				t.Fatalf("broken endpoint: %v", err)
+			}
+			readAll(resp)
+		}
+		start := time.Now()
+		for i := range 50 {
+			if code, _ := get(t, tr, fmt.Sprintf("http://api.test/ok/%d", i)); code != 200 {
+				t.Fatalf("other path: %d", code)
+			}
+		}
+		if took := time.Since(start); took > 50*6*time.Millisecond {
+			t.Errorf("50 requests to working paths took %v, want them unpaced (%v)", took, 50*5*time.Millisecond)
+		}
+	})
+}
+
+// flipHost answers 503 to everything while down is set, else serves in
+// 10 ms; it counts what it saw.
+type flipHost struct {
+	down     atomic.Bool
+	requests atomic.Int64
+	during   atomic.Int64 // requests seen while down
+	mu       sync.Mutex
+	perSec   map[int64]int
+}
+
+func (h *flipHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.requests.Add(1)
+	h.mu.Lock()
+	if h.perSec == nil {
+		h.perSec = map[int64]int{}
+	}
+	h.perSec[time.Now().Unix()]++
+	h.mu.Unlock()
+	if h.down.Load() {
+		h.during.Add(1)
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	time.Sleep(10 * time.Millisecond)
+	w.Write([]byte("ok"))
+}
+
+// TestHostModelOutageAndReturn: 100 requests a second; the host answers
+// 503 to everything for 10 s, then serves again. During the outage it gets
+// at most about 15 % of what the callers ask; a caller is answered at once
+// (a down host's ErrHostDown, within milliseconds); within a second of its
+// return the host is served at its old rate again, requests that arrive
+// after the return are not failed unsent past the next probe, and it never
+// sees much more than its old rate.
+func TestHostModelOutageAndReturn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		host := &flipHost{}
+		net := newPipeNet(host)
+		defer net.close()
+		tr := New(WithBase(net.tr))
+		start := time.Now()
+		const (
+			downAt = 5 * time.Second
+			upAt   = 15 * time.Second
+			end    = 25 * time.Second
+		)
+		type result struct {
+			at      time.Duration
+			ok      bool
+			unsent  bool
+			latency time.Duration
+		}
+		var (
+			mu      sync.Mutex
+			results []result
+			wg      sync.WaitGroup
+		)
+		wg.Go(func() {
+			time.Sleep(downAt)
+			host.down.Store(true)
+			time.Sleep(upAt - downAt)
+			host.down.Store(false)
+		})
+		for i := 0; time.Since(start) < end; i++ {
+			at := time.Since(start)
+			wg.Go(func() {
+				t0 := time.Now()
+				resp, err := send(tr, http.MethodGet, fmt.Sprintf("http://outage.test/%d", i), "", nil)
+				r := result{at: at, latency: time.Since(t0)}
+				switch {
+				case err != nil:
+					r.unsent = errors.Is(err, ErrHostDown)
+				default:
+					r.ok = resp.StatusCode == 200
+					readAll(resp)
+				}
+				mu.Lock()
+				results = append(results, r)
+				mu.Unlock()
+			})
+			time.Sleep(10 * time.Millisecond)
+		}
+		wg.Wait()
+		var asked, okAfter, unsentAfter, unsentLate, slowDown int
+		for _, r := range results {
+			switch {
+			case r.at >= downAt && r.at < upAt:
+				asked++
+				if r.unsent && r.latency > 5*time.Millisecond {
+					slowDown++
+				}
+			case r.at >= upAt+time.Second && r.at < upAt+2*time.Second && r.ok:
+				okAfter++
+			}
+			if r.at >= upAt && r.unsent {
+				unsentAfter++
+				if r.at >= upAt+probeEvery {
+					unsentLate++
+				}
+			}
+		}
+		host.mu.Lock()
+		busiest := 0
+		for sec, n := range host.perSec {
+			if sec >= start.Add(upAt).Unix() {
+				busiest = max(busiest, n)
+			}
+		}
+		host.mu.Unlock()
+		t.Logf("outage: %d asked, %d reached the host (%.0f %%), %d handed back slowly; after: %d served in the second after the return's, %d failed unsent (%d past the next probe), busiest second %d",
+			asked, host.during.Load(), 100*float64(host.during.Load())/float64(asked), slowDown, okAfter, unsentAfter, unsentLate, busiest)
+		if host.during.Load()*100 > int64(asked)*16 {
+			t.Errorf("%d of %d requests reached the host during the outage, want at most about 15 %%", host.during.Load(), asked)
+		}
+		if okAfter < 95 || unsentLate > 0 || busiest > 110 || slowDown > 0 {
+			t.Errorf("after the return: %d served in its second second, want 95; %d failed unsent past the probe, want 0; busiest second %d, want at most 110; %d handed back slowly", okAfter, unsentLate, busiest, slowDown)
+		}
+	})
+}
