@@ -369,6 +369,8 @@ type quota struct {
 	taken     int           // attempts sent since that answer
 	at        time.Time     // when that answer came
 	resetAt   time.Time     // when it is whole again; zero: not said
+	rolled    bool          // a reset passed since the announcement: since counts from it
+	since     int           // attempts sent since that reset
 	sliding   bool
 }
 
@@ -396,7 +398,7 @@ func (q *quota) tokens(now time.Time) float64 {
 
 // roll starts the window after the reset: whole again.
 func (q *quota) roll(now time.Time) {
-	q.remaining, q.taken, q.at = q.limit, 0, q.resetAt
+	q.remaining, q.taken, q.at, q.since, q.rolled = q.limit, 0, q.resetAt, 0, true
 	switch {
 	case q.window <= 0:
 		q.resetAt = time.Time{}
@@ -407,12 +409,17 @@ func (q *quota) roll(now time.Time) {
 	}
 }
 
+// tokenSlack absorbs the rounding of a quota's refill, so that a token all
+// but whole is whole.
+const tokenSlack = 1e-9
+
 // nextToken is when the quota next lets an attempt go, when it lets none
 // go at now; zero when nothing is known to refill it.
 func (q *quota) nextToken(now time.Time) time.Time {
-	missing := 1 - q.tokens(now)
+	missing := 1 - q.tokens(now) - tokenSlack
 	if q.sliding && q.perSecond() > 0 {
-		at := now.Add(time.Duration(missing / q.perSecond() * float64(time.Second)))
+		wait := time.Duration(math.Ceil(missing / q.perSecond() * float64(time.Second)))
+		at := now.Add(max(wait, time.Microsecond))
 		if !q.resetAt.IsZero() && at.After(q.resetAt) {
 			return q.resetAt
 		}
@@ -427,16 +434,18 @@ func (q *quota) nextToken(now time.Time) time.Time {
 // worth, and no longer than the record is fresh: a busy process's other
 // traffic is not this host's).
 func (m *hostModel) quotaWait(now time.Time) (time.Time, bool) {
-	tokens := m.q.tokens(now)
+	if m.q.sliding && m.q.perSecond() > 0 {
+		// A window that slides gives back as it goes, at the rate it
+		// announces: the pace keeps to it (what it says remains lags a
+		// sliding count, and hovers at none for a client at its rate).
+		return time.Time{}, false
+	}
+	tokens := m.q.tokens(now) + tokenSlack
 	if tokens < 1 {
 		return m.q.nextToken(now), true
 	}
 	if m.fresh(now) && tokens-min(m.ghosts, float64(m.q.limit)) < 1 {
-		end := m.since.Add(holdTime)
-		if next := m.q.nextToken(now); !next.IsZero() && next.Before(end) {
-			end = next
-		}
-		return end, true
+		return m.since.Add(holdTime), true
 	}
 	return time.Time{}, false
 }
@@ -453,15 +462,30 @@ func (m *hostModel) learnQuota(l *localLimiter, host string, sig *Signal) {
 		l.log(host, "retryhttp: quota", slog.Int("limit", sig.Limit), slog.String("window", window.String()))
 	}
 	q.limit, q.window = sig.Limit, window
+	if !q.resetAt.IsZero() && !now.Before(q.resetAt) {
+		q.roll(now) // the answer is of the window after the reset
+	}
+	// A window that slides (a sliding count, a token bucket) gives back as
+	// it goes; a fixed one only at its reset. The host shows which: a fixed
+	// window names the same moment until it ends (in whole seconds, as the
+	// headers say it), and is whole again after it.
 	if sig.Reset >= 0 {
 		resetAt := now.Add(sig.Reset)
-		// A fixed window names the same moment until it ends (in whole
-		// seconds, as the headers say it); a moment that moves within it
-		// is a window that slides.
-		if !q.resetAt.IsZero() && now.Before(q.resetAt) && absDuration(resetAt.Sub(q.resetAt)) > time.Second {
-			q.sliding = true
+		switch {
+		case q.resetAt.IsZero() || !now.Before(q.resetAt):
+			q.resetAt = resetAt
+		case absDuration(resetAt.Sub(q.resetAt)) > time.Second:
+			q.sliding = true // the moment moved within the window
+			q.resetAt = resetAt
+		case resetAt.Before(q.resetAt):
+			// Said in whole seconds, counted from a Date in whole
+			// seconds, the moment comes late by up to a second: the
+			// earliest said is the nearest.
+			q.resetAt = resetAt
 		}
-		q.resetAt = resetAt
+	}
+	if sig.Remaining >= 0 && q.rolled && sig.Remaining < q.limit-q.since {
+		q.sliding = true // not whole after its reset: it counts the window before
 	}
 	if sig.Remaining >= 0 {
 		// What was in flight when the host counted is taken from it too.
@@ -730,11 +754,6 @@ func (m *hostModel) sentLastSecond(sig *Signal) float64 {
 // lower the pace further, to what it shows was accepted.
 func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked bool, load int, overlapped bool) {
 	now, c := sig.Now, &m.ctl
-	if m.q.active() && (sig.Remaining >= 0 || sig.Wait > 0) {
-		// The host says what it accepts: its quota and its waits hold it.
-		m.setState(HostOverloaded, now)
-		return
-	}
 	// What the host accepted in the last second: the answers that said
 	// so, or, for a burst whose accepted answers came before the host had
 	// a record, what it got less what it refused.
@@ -778,6 +797,12 @@ func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked 
 		return // a lone refusal, among many accepted, at a pace the host took before
 	}
 	m.cutRate(l, host, now, accepted, sent, m.fresh(now), overlapped)
+	if sig.Status == http.StatusTooManyRequests || c.cutShare < 1.0/overloadRatio {
+		// The host said it limits the rate, or the cut is of a pace it
+		// refused a little: nothing to check. A cut of a host that refused
+		// most of what it got, naming no limit, is checked (exonerated).
+		c.cutAt = time.Time{}
+	}
 }
 
 // fresh reports whether the record is a hold old or less: what it hears
@@ -785,18 +810,18 @@ func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked 
 func (m *hostModel) fresh(now time.Time) bool { return now.Sub(m.since) < holdTime }
 
 // noise reports refusals too few to say the pace is too fast: one in a
-// second, and less than the share a cut gives up.
+// second, among more than overloadRatio times as many sent.
 func (m *hostModel) noise(now time.Time, sent float64) bool {
 	r := m.refusals.lastSecond(now)
-	return r < 2 && r < (1-cutShare)*sent
+	return r < 2 && r*overloadRatio < sent
 }
 
 // cutRate paces the host at cutShare of what it accepted.
 func (m *hostModel) cutRate(l *localLimiter, host string, now time.Time, accepted, sent float64, burst, overlapped bool) {
 	c := &m.ctl
 	target := cutShare * accepted
-	if c.rate > 0 {
-		target = min(target, cutShare*c.rate)
+	if p := m.pace(); !p.Unlimited() {
+		target = min(target, cutShare*float64(p.Limit)) // below the pace it refused
 	}
 	c.ceil, c.burstCut, c.limit = accepted, burst, 0
 	switch {
@@ -849,7 +874,7 @@ func (m *hostModel) adjust(l *localLimiter, host string, now time.Time) {
 		return
 	}
 	switch {
-	case binds && c.guess > 1 && !c.tried && m.held && c.rate > 0 && m.latencies.n > 0 &&
+	case binds && c.guess > 1 && !c.tried && m.held && !m.q.active() && c.rate > 0 && m.latencies.n > 0 &&
 		float64(c.guess)/m.latencies.p95().Seconds() > c.rate:
 		// The burst's share may have been a limit on what the host
 		// serves at once (it refused while it served ours; a host that
@@ -872,9 +897,10 @@ func (m *hostModel) adjust(l *localLimiter, host string, now time.Time) {
 	}
 }
 
-// exonerated is the check of a cut: if the host refused as large a share
-// after a cut that bound as before it, load did not cause the refusals,
-// and the host is failing, not overloaded.
+// exonerated is the check of a cut of a host that refused most of what it
+// got: if it refused as large a share after a cut that bound as before it,
+// load did not cause the refusals, and the host is failing, not
+// overloaded.
 func (m *hostModel) exonerated(now time.Time, binds bool) bool {
 	c := &m.ctl
 	if c.cutAt.IsZero() || c.limit > 0 || now.Sub(c.cutAt) < 2*holdTime {
@@ -940,19 +966,20 @@ func (m *hostModel) grow(l *localLimiter, host string, now time.Time) {
 
 // pace is the learned pace, unlimited when none.
 func (m *hostModel) pace() Pace {
-	if m.ctl.rate <= 0 {
-		return Pace{Limit: rate.Inf}
+	if m.ctl.rate > 0 {
+		return newPace(rate.Limit(m.ctl.rate), max(m.ctl.burst, 1))
 	}
-	return newPace(rate.Limit(m.ctl.rate), max(m.ctl.burst, 1))
+	if r := m.q.perSecond(); r > 0 {
+		// The rate the host announces, a window's quota at once: what
+		// remains of it is held apart (quotaWait).
+		return newPace(rate.Limit(r), m.q.limit)
+	}
+	return Pace{Limit: rate.Inf}
 }
 
-// status says what the record knows, for Learn's caller: the learned pace,
-// or the rate the host's quota allows when that is slower.
+// status says what the record knows, for Learn's caller.
 func (m *hostModel) status() HostStatus {
 	s := HostStatus{State: m.state, Since: m.since, Pace: m.pace(), InFlight: m.ctl.limit}
-	if r := m.q.perSecond(); r > 0 && (s.Pace.Unlimited() || rate.Limit(r) < s.Pace.Limit) {
-		s.Pace = newPace(rate.Limit(r), m.q.limit)
-	}
 	if m.state == HostDown {
 		s.Retry = m.down.next
 	}

@@ -237,15 +237,11 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 	}
 	if m.q.active() {
 		m.q.taken++
-	}
-	res.Report, res.Ticket = true, m.send(a.Now)
-	if res.Cancel != nil {
-		slotBack, t := res.Cancel, res.Ticket
-		res.Cancel = func(now time.Time) {
-			slotBack(now)
-			l.Learn(context.Background(), a.Host, Signal{Now: now, Ticket: t, Canceled: true})
+		if m.q.rolled {
+			m.q.since++
 		}
 	}
+	res.Report, res.Ticket = true, m.send(a.Now)
 	return res, nil
 }
 
@@ -557,6 +553,7 @@ type admission struct {
 func (t *Transport) admit(ctx context.Context, host string, now time.Time) (admission, error) {
 	deadline, _ := ctx.Deadline()
 	a := Attempt{Host: host, Pace: t.paceFor(host), Latest: deadline}
+	stuck := 0 // AskAgain answers that named no later moment
 	for {
 		a.Now = now
 		res, err := t.limiter.Reserve(ctx, a)
@@ -589,6 +586,11 @@ func (t *Transport) admit(ctx context.Context, host string, now time.Time) (admi
 		case !res.AskAgain.IsZero():
 			// A learned pace, or a spent quota, is waited out only as far
 			// as a parking would be.
+			if !res.AskAgain.After(now) {
+				if stuck++; stuck > maxAskAgain {
+					return admission{at: now}, fmt.Errorf("retryhttp: the limiter asked %d times in a row to ask again at once for %s", stuck, host)
+				}
+			}
 			if err := t.waitParking(ctx, host, now, res.AskAgain, deadline); err != nil {
 				return admission{at: now}, err
 			}
@@ -666,6 +668,11 @@ func (t *Transport) waitInFlight(ctx context.Context, host string, now time.Time
 		return &paceError{host: host, wait: d}
 	}
 }
+
+// maxAskAgain bounds the AskAgain answers in a row that name no later
+// moment: a Limiter that keeps asking to ask again at once is failing, and
+// the request is not spun on it.
+const maxAskAgain = 100
 
 // parkedUntil asks the limiter whether host is parked, taking no slot.
 func (t *Transport) parkedUntil(ctx context.Context, host string, now time.Time) (time.Time, error) {

@@ -134,7 +134,7 @@ func TestQuota(t *testing.T) {
 
 	// Defaults: held to the announced quota from the first answer, only
 	// the first burst of 30 is refused (all 150, at most 170, by 17 s).
-	check(t, "retryhttp, defaults", QuotaRetryhttp(), want{170, 20, 150, "14.8 s"}, secs)
+	check(t, "retryhttp, defaults", QuotaRetryhttp(), want{170, 20, 150, "15.1 s"}, secs)
 }
 
 func TestRising(t *testing.T) {
