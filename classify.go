@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"reflect"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // statusSet is a bitset of the statuses 0 to 639: a lookup on the success
@@ -29,6 +31,76 @@ func newStatusSet(codes []int) statusSet {
 
 func (s *statusSet) has(code int) bool {
 	return code >= 0 && code < 640 && s[code/64]&(1<<(code%64)) != 0
+}
+
+// A response is worth another try when its status is in the Transport's set
+// (WithRetryStatuses, WithExtraRetryStatuses), unless the server says
+// otherwise. Two dialects of the services are read here:
+//
+//   - X-Should-Retry, which OpenAI's and Anthropic's APIs send, and their
+//     SDKs obey over the status: "false" is final whatever the status or the
+//     predicate; "true" makes a failure worth retrying, and, since the
+//     server vouches that repeating it is harmless, safe to repeat
+//     (repeatable).
+//   - A 403 that refuses for a quota, as GitHub sends its rate limits: a wait
+//     of a second or more, or a spent quota with its reset. It is a 429 in
+//     another dialect, retried when 429 is, and, like a 429, proves the
+//     server did not act. A 403 that names no such wait is final; so is seed
+//     000's "Retry-After: 0", a template's zero on a rejection that is
+//     permanent for the client.
+
+// shouldRetryHeader reads X-Should-Retry: said is false when it is absent or
+// neither "true" nor "false" (without case or surrounding white space).
+func shouldRetryHeader(h http.Header) (retry, said bool) {
+	switch v := strings.TrimSpace(firstValue(h, "X-Should-Retry")); {
+	case strings.EqualFold(v, "true"):
+		return true, true
+	case strings.EqualFold(v, "false"):
+		return false, true
+	}
+	return false, false
+}
+
+// serverSaysNo reports whether a response's X-Should-Retry forbids another
+// try.
+func serverSaysNo(resp *http.Response) bool {
+	retry, said := shouldRetryHeader(resp.Header)
+	return said && !retry
+}
+
+// serverVouches reports whether a failed response's X-Should-Retry asks for
+// another try.
+func serverVouches(resp *http.Response) bool {
+	retry, _ := shouldRetryHeader(resp.Header)
+	return retry && resp.StatusCode >= 400
+}
+
+// quotaRefusal reports whether a 403 refuses for a quota: it names a wait of
+// a second or more, or says a quota is spent and when it resets.
+func quotaRefusal(resp *http.Response, now time.Time) bool {
+	if resp.StatusCode != http.StatusForbidden {
+		return false
+	}
+	if w, ok := retryAfter(resp.Header, now); ok && w >= time.Second {
+		return true
+	}
+	_, ok := quotaReset(resp.Header, now)
+	return ok
+}
+
+// worthRetrying is the default classification of a response, under the
+// status set s.
+func worthRetrying(resp *http.Response, s *statusSet, now time.Time) bool {
+	code := resp.StatusCode
+	if code >= 400 {
+		if retry, said := shouldRetryHeader(resp.Header); said {
+			return retry
+		}
+	}
+	if s.has(code) {
+		return true
+	}
+	return s.has(http.StatusTooManyRequests) && quotaRefusal(resp, now)
 }
 
 // transientErrnos are the system errors of a network that may work on the

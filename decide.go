@@ -82,7 +82,7 @@ type answer struct {
 // wait. It has no side effects.
 func (c *call) decide(a *answer) verdict {
 	t := c.t
-	if !c.retryable(a.resp, a.err) {
+	if !c.retryable(a) {
 		return verdict{}
 	}
 	if c.maxAttempts == 1 {
@@ -93,7 +93,7 @@ func (c *call) decide(a *answer) verdict {
 		return verdict{reason: ReasonAttempts}
 	case a.down:
 		return verdict{reason: ReasonHostDown}
-	case !c.repeatable(a.resp, a.err):
+	case !c.repeatable(a):
 		return verdict{reason: ReasonNotIdempotent}
 	case !rewindable(c.req) && (c.replay == nil || !c.replay.possible()):
 		return verdict{reason: ReasonNoRewind}
@@ -112,17 +112,21 @@ func (c *call) decide(a *answer) verdict {
 
 // retryable is the classification: the user's predicate or the default,
 // under the rules no predicate overrides. A cancelled or expired context is
-// final, and so is a refusal by a Transport of ours nested below this one:
-// it already waited for the host as long as it could.
-func (c *call) retryable(resp *http.Response, err error) bool {
+// final, and so is a refusal by a Transport of ours nested below this one
+// (it already waited for the host as long as it could), and an answer whose
+// server says X-Should-Retry: false.
+func (c *call) retryable(a *answer) bool {
+	resp, err := a.resp, a.err
 	var worth bool
 	switch {
 	case err != nil && ownRefusal(err):
 		return false
+	case resp != nil && serverSaysNo(resp):
+		return false
 	case c.retryIf != nil:
 		worth = c.retryIf(resp, err)
 	case resp != nil:
-		worth = c.t.statuses.has(resp.StatusCode)
+		worth = worthRetrying(resp, &c.t.statuses, a.now)
 	default:
 		worth = transientError(c.ctx, err)
 	}
@@ -131,11 +135,14 @@ func (c *call) retryable(resp *http.Response, err error) bool {
 }
 
 // DefaultRetryIf is the classification a Transport uses without
-// WithRetryIf: a response is retried when its status is 408, 429, 500, 502,
-// 503 or 504, an error when it may be transient (a refused or reset
-// connection, a timeout, EOF, an HTTP/2 refused stream or GOAWAY; never a
-// certificate error, a malformed address or a cancelled context). Compose
-// it to extend the default:
+// WithRetryIf. A response is retried when its status is 408, 429, 500, 502,
+// 503, 504, 520, 521, 522, 523 or 529, or when it is a 403 that refuses for a
+// quota (a wait of a second or more, or a spent quota with its reset, as
+// GitHub sends); X-Should-Retry overrides the status of a failure, "true"
+// retrying it and "false" not. An error is retried when it may be transient
+// (a refused or reset connection, a timeout, EOF, an HTTP/2 refused stream or
+// GOAWAY; never a certificate error, a malformed address or a cancelled
+// context). Compose it to extend the default:
 //
 //	retryhttp.WithRetryIf(func(resp *http.Response, err error) bool {
 //		return retryhttp.DefaultRetryIf(resp, err) || (resp != nil && resp.StatusCode == http.StatusConflict)
@@ -144,7 +151,7 @@ func DefaultRetryIf(resp *http.Response, err error) bool {
 	if err != nil {
 		return transientError(context.Background(), err)
 	}
-	return resp != nil && defaultStatusSet.has(resp.StatusCode)
+	return resp != nil && worthRetrying(resp, &defaultStatusSet, time.Now())
 }
 
 var defaultStatusSet = newStatusSet(defaultStatuses)
@@ -161,16 +168,18 @@ func ownRefusal(err error) bool {
 }
 
 // repeatable reports whether the request may be sent again after this
-// failure: always if it is replayable, else only if the server certainly did
-// not act on it (a 429, or an attempt that was never sent).
-func (c *call) repeatable(resp *http.Response, err error) bool {
-	if c.key != "" || replayable(c.req) {
+// failure: always if it is replayable, or the caller said it is safe to
+// repeat, else only if the server certainly did not act on it (a 429, a 403
+// refusing for a quota, an attempt that was never sent) or vouches that
+// repeating it is harmless (X-Should-Retry: true).
+func (c *call) repeatable(a *answer) bool {
+	if c.key != "" || replayable(c.req) || c.safeToRepeat() {
 		return true
 	}
-	if resp != nil {
-		return resp.StatusCode == http.StatusTooManyRequests
+	if resp := a.resp; resp != nil {
+		return resp.StatusCode == http.StatusTooManyRequests || quotaRefusal(resp, a.now) || serverVouches(resp)
 	}
-	return !mayHaveSent(err, c.trace)
+	return !mayHaveSent(a.err, c.trace)
 }
 
 // backoff is full jitter: uniform(0, min(max, base*2^(n-1))) after the nth

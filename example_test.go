@@ -1,6 +1,7 @@
 package retryhttp_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -295,4 +296,142 @@ func ExampleWithReplayLimit() {
 	// try 1: 65536 bytes
 	// try 2: 65536 bytes
 	// 200 OK
+}
+
+// One more status worth retrying, without restating the defaults: an API
+// that answers 409 to a conflict that passes.
+func ExampleWithExtraRetryStatuses() {
+	var tries atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if tries.Add(1) == 1 {
+			w.WriteHeader(http.StatusConflict)
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+
+	client := retryhttp.NewClient(
+		retryhttp.WithExtraRetryStatuses(http.StatusConflict), // 408, 429, 5xx and 529 stay
+		retryhttp.WithBackoff(time.Millisecond, 10*time.Millisecond),
+	)
+	resp, err := client.Get(srv.URL)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp.Body.Close()
+	fmt.Println(resp.StatusCode, "after", tries.Load(), "tries")
+	// Output: 200 after 2 tries
+}
+
+// An LLM completion is a POST without an idempotency key: after a 500 or a
+// 503 it is sent once, since the server may have acted on it. A client that
+// knows its completions are safe to repeat says which requests are.
+func ExampleWithSafeToRepeat() {
+	var tries atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		fmt.Printf("try %d: %s %s %s\n", tries.Add(1), r.Method, r.URL.Path, body)
+		if tries.Load() == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, `{"choices": []}`)
+	}))
+	defer srv.Close()
+
+	client := retryhttp.NewClient(
+		retryhttp.WithSafeToRepeat(func(r *http.Request) bool {
+			return r.Method == http.MethodPost && r.URL.Path == "/v1/chat/completions"
+		}),
+		retryhttp.WithBackoff(time.Millisecond, 10*time.Millisecond),
+	)
+	resp, err := client.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"model": "m"}`))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp.Body.Close()
+	fmt.Println(resp.Status)
+	// Output:
+	// try 1: POST /v1/chat/completions {"model": "m"}
+	// try 2: POST /v1/chat/completions {"model": "m"}
+	// 200 OK
+}
+
+// One call, or one task, can be said to be safe to repeat through its
+// context: here a search sent as a POST.
+func ExamplePolicySafeToRepeat() {
+	var tries atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if tries.Add(1) <= 2 {
+			w.WriteHeader(http.StatusInternalServerError) // the first two requests
+			return
+		}
+		io.WriteString(w, `{"hits": 3}`)
+	}))
+	defer srv.Close()
+	client := retryhttp.NewClient(retryhttp.WithBackoff(time.Millisecond, 10*time.Millisecond))
+
+	search := func(ctx context.Context) int {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/search", strings.NewReader(`{"q": "go"}`))
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	fmt.Println("unsaid:", search(context.Background()))
+	fmt.Println("safe to repeat:", search(retryhttp.ContextWithPolicy(context.Background(), retryhttp.PolicySafeToRepeat())))
+	fmt.Println("requests:", tries.Load())
+	// Output:
+	// unsaid: 500
+	// safe to repeat: 200
+	// requests: 3
+}
+
+// S3 may answer CompleteMultipartUpload 200 OK with an <Error> in the body
+// (the status is sent before the work is done). A predicate reads the start
+// of the body with PeekBody, and the caller still gets all of it. The call
+// is a POST, which S3 documents as safe to send again: WithSafeToRepeat says
+// so for it alone.
+func ExamplePeekBody() {
+	var tries atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		if tries.Add(1) == 1 {
+			io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?>`+"\n"+
+				`<Error><Code>InternalError</Code><Message>We encountered an internal error. Please try again.</Message></Error>`)
+			return
+		}
+		io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?>`+"\n"+
+			`<CompleteMultipartUploadResult><Key>big.bin</Key><ETag>"3858f62230ac3c915f300c664312c11f-2"</ETag></CompleteMultipartUploadResult>`)
+	}))
+	defer srv.Close()
+
+	completing := func(r *http.Request) bool {
+		return r.Method == http.MethodPost && r.URL.Query().Has("uploadId")
+	}
+	client := retryhttp.NewClient(
+		retryhttp.WithSafeToRepeat(completing),
+		retryhttp.WithRetryIf(func(resp *http.Response, err error) bool {
+			if resp != nil && resp.StatusCode == http.StatusOK && completing(resp.Request) {
+				prefix, _ := retryhttp.PeekBody(resp, 512)
+				return bytes.Contains(prefix, []byte("<Error>")) && bytes.Contains(prefix, []byte("<Code>InternalError</Code>"))
+			}
+			return retryhttp.DefaultRetryIf(resp, err)
+		}),
+		retryhttp.WithBackoff(time.Millisecond, 10*time.Millisecond),
+	)
+	resp, err := client.Post(srv.URL+"/bucket/big.bin?uploadId=u1", "application/xml", strings.NewReader("<CompleteMultipartUpload/>"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	fmt.Println(tries.Load(), "tries:", bytes.Contains(body, []byte("<CompleteMultipartUploadResult>")))
+	// Output: 2 tries: true
 }

@@ -62,8 +62,13 @@ const (
 // epoch values near today's mean what they would in production.
 var relFuzzNow = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
-// relFuzzStatuses are the statuses a fuzzed response may have.
-var relFuzzStatuses = []int{429, 503, 500, 200, 403, 301}
+// relFuzzStatuses are the statuses a fuzzed response may have. A fuzzed
+// code picks one (code % len) and, in the targets below, where the fuzzed
+// values go (code / len).
+var relFuzzStatuses = []int{429, 503, 500, 200, 403, 301, 529, 520}
+
+// relFuzzCode is the fuzz code for the status at index i and the layout l.
+func relFuzzCode(i, l int) uint8 { return uint8(i + l*len(relFuzzStatuses)) }
 
 // relFuzzTransport sends two requests through a Transport whose in-memory
 // base answers every try with status and h, on a fake clock, and checks
@@ -82,7 +87,9 @@ func relFuzzTransport(t *testing.T, status int, h http.Header) {
 func relFuzzOnce(t *testing.T, status int, h http.Header, learning bool) {
 	clk := &relFakeClock{now: relFuzzNow}
 	var events []RetryEvent
+	sent := 0
 	base := relRoundTripFunc(func(r *http.Request) (*http.Response, error) {
+		sent++
 		return relResponse(r, status, h.Clone(), relNewBody(3), 3), nil
 	})
 	tr := New(
@@ -98,8 +105,11 @@ func relFuzzOnce(t *testing.T, status int, h http.Header, learning bool) {
 	)
 	maxDelay, maxBackoff := relFuzzMax, relFuzzBackoffMax
 	if learning {
-		slowest := holdTime // the slowest pace a cut sets: one attempt a hold
-		maxDelay, maxBackoff = maxDelay+2*slowest, maxBackoff+2*slowest
+		// A learned wait (a spent quota held until its reset) is bounded
+		// by the max like a named one; the slowest pace a cut sets is one
+		// attempt a hold.
+		slowest := holdTime
+		maxDelay, maxBackoff = maxDelay+relFuzzBackoffMax+2*slowest, maxBackoff+relFuzzMax+2*slowest
 	}
 	for i := range 2 {
 		req, _ := http.NewRequest(http.MethodGet, "http://fuzz.test/x", nil)
@@ -139,6 +149,12 @@ func relFuzzOnce(t *testing.T, status int, h http.Header, learning bool) {
 			t.Fatalf("slept %v, outside [0, %v]; all sleeps %v", d, relFuzzMax, clk.sleeps)
 		}
 	}
+	// X-Should-Retry: false is final: no retry, one try a request at most.
+	if retry, said := shouldRetryHeader(h); said && !retry {
+		if sent > 2 || len(events) != 0 {
+			t.Fatalf("X-Should-Retry: false, yet %d tries for 2 requests, events %+v", sent, events)
+		}
+	}
 }
 
 // relHeader builds a header from pairs, skipping empty values.
@@ -175,13 +191,39 @@ func FuzzRetryAfter(f *testing.F) {
 		{imf, "Mon, 01 Jan 0001 00:00:00 GMT"}, {imf, "garbage"}, {imf + ", " + imf, ""},
 		{" " + imf + " ", ""}, {strings.ToLower(imf), ""},
 	}
+	seeds = append(seeds, []struct{ value, date string }{
+		{"2.5", ""}, {"2.", ""}, {".5", ""}, {"0.0", ""}, {"1.5.5", ""}, {".", ""}, {"-2.5", ""}, {"1,5", ""},
+		{"9223372036.854775807", ""}, {"9223372036854775807.5", ""}, {"3000", ""}, {"1500.25", ""},
+		{"9223372036854", ""}, {"9223372036855", ""}, {"1." + strings.Repeat("0", 62) + "1", ""},
+		{"Inf", ""}, {"NaN", ""}, {"0x1p3", ""}, {"1_000", ""},
+		{"true", ""}, {"false", ""}, {" FALSE ", ""},
+	}...)
 	for _, s := range seeds {
-		for _, code := range []uint8{0, 1} {
+		for _, code := range []uint8{relFuzzCode(0, 0), relFuzzCode(1, 0), relFuzzCode(4, 0),
+			relFuzzCode(0, 1), relFuzzCode(1, 2), relFuzzCode(6, 3), relFuzzCode(2, 4), relFuzzCode(4, 4)} {
 			f.Add(s.value, s.date, code)
 		}
 	}
 	f.Fuzz(func(t *testing.T, value, date string, code uint8) {
-		h := relHeader("Retry-After", value, "Date", date)
+		// Where value goes, by code: Retry-After; retry-after-ms;
+		// x-ms-retry-after-ms; retry-after-ms beside "Retry-After: 1";
+		// X-Should-Retry beside "Retry-After: 1".
+		var h http.Header
+		unit := time.Second
+		switch layout := int(code) / len(relFuzzStatuses) % 5; layout {
+		case 0:
+			h = relHeader("Retry-After", value, "Date", date)
+		case 1:
+			h, unit = relHeader("Retry-After-Ms", value, "Date", date), time.Millisecond
+		case 2:
+			h, unit = relHeader("X-Ms-Retry-After-Ms", value, "Date", date), time.Millisecond
+		case 3:
+			h, unit = relHeader("Retry-After-Ms", value, "Retry-After", "1", "Date", date), time.Millisecond
+		default:
+			h = relHeader("X-Should-Retry", value, "Retry-After", "1", "Date", date)
+			relFuzzTransport(t, relFuzzStatuses[int(code)%len(relFuzzStatuses)], h)
+			return
+		}
 		wait, ok := retryAfter(h, relFuzzNow)
 		if ok && wait < 0 {
 			t.Fatalf("retryAfter(%q, Date %q) = %v, negative", value, date, wait)
@@ -189,13 +231,23 @@ func FuzzRetryAfter(f *testing.F) {
 		if !ok && wait != 0 {
 			t.Fatalf("retryAfter(%q) = %v but not ok", value, wait)
 		}
-		// Whole seconds are read as such. (More than 19 characters are
-		// refused without a look, whatever they are: no Duration needs
-		// more, and it bounds the work a hostile value costs.)
-		if v := strings.TrimSpace(value); len(v) <= 19 && strings.Trim(v, "0123456789") == "" {
-			secs, err := strconv.ParseInt(v, 10, 64)
-			if v != "" && err == nil && secs <= maxDelaySeconds && (!ok || wait != time.Duration(secs)*time.Second) {
-				t.Fatalf("retryAfter(%q) = %v, %v; want %d s", value, wait, ok, secs)
+		// Whole units are read as such. (More than 19 digits are refused,
+		// whatever they are: no Duration needs more, and it bounds the work
+		// a hostile value costs.)
+		v := strings.TrimSpace(value)
+		if len(v) <= 19 && strings.Trim(v, "0123456789") == "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if v != "" && err == nil && n <= int64(1<<63-1)/int64(unit) && (!ok || wait != time.Duration(n)*unit) {
+				t.Fatalf("%v: %v, %v; want %d × %v", h, wait, ok, n, unit)
+			}
+		}
+		// A decimal number is never cut short, and rounded up by less
+		// than one unit.
+		if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 && f*float64(unit) < 1<<62 && len(v) <= maxNumberLen &&
+			strings.Trim(v, "0123456789.") == "" && strings.Count(v, ".") <= 1 {
+			want := f * float64(unit)
+			if got := float64(wait); !ok || got < want*(1-1e-12) || got >= want+float64(unit) {
+				t.Fatalf("%v: %v, want %v rounded up to the %v", h, wait, time.Duration(want), unit)
 			}
 		}
 		relFuzzTransport(t, relFuzzStatuses[int(code)%len(relFuzzStatuses)], h)
@@ -238,11 +290,41 @@ func FuzzRateLimitHeaders(f *testing.F) {
 		{xRemaining: "0", xReset: "99999999999999999999"},
 	}
 	for _, s := range seeds {
-		for _, code := range []uint8{0, 3} {
+		for _, code := range []uint8{relFuzzCode(0, 0), relFuzzCode(3, 0)} {
+			f.Add(s.rl, s.rlRemaining, s.rlReset, s.xRemaining, s.xReset, s.date, code)
+		}
+	}
+	// The LLM families (layouts 1 and 2): rl is the limit of requests,
+	// xRemaining and xReset what remains of it and its reset, rlRemaining
+	// and rlReset those of tokens.
+	rfc := func(d time.Duration) string { return relFuzzNow.Add(d).Format(time.RFC3339) }
+	llmSeeds := []struct{ rl, rlRemaining, rlReset, xRemaining, xReset, date string }{
+		{"60", "", "", "0", "3s", ""}, {"60", "149984", "6ms", "59", "1s", ""}, {"60", "0", "6m0s", "0", "1s", ""},
+		{"", "0", "1m30.5s", "", "", ""}, {"60", "", "", "0", "12ms", ""}, {"60", "", "", "0", "1h2m3.5s", ""},
+		{"60", "", "", "0", "5", ""}, {"60", "", "", "0", "1.5", ""}, {"60", "", "", "0", "-1s", ""},
+		{"60", "", "", "0", "+1s", ""}, {"60", "", "", "0", "1d", ""}, {"60", "", "", "0", "3000000h", ""},
+		{"60", "", "", "0", "9223372036854775807ns", ""}, {"60", "", "", "0", ".5s", ""}, {"60", "", "", "0", "1e3s", ""},
+		{"0", "", "", "0", "3s", ""}, {"4294967296", "", "", "1", "3s", ""},
+		{"50", "", "", "0", rfc(3 * time.Second), ""},
+		{"50", "", "", "0", rfc(3 * time.Second), "Sun, 01 Mar 2026 11:59:50 GMT"},
+		{"50", "0", rfc(40 * time.Second), "10", rfc(time.Second), ""},
+		{"50", "", "", "0", rfc(-time.Hour), ""},
+		{"50", "", "", "0", "9999-12-31T23:59:59Z", "Mon, 01 Jan 0001 00:00:00 GMT"},
+		{"50", "", "", "0", "0001-01-01T00:00:00Z", "Fri, 31 Dec 9999 23:59:59 GMT"},
+		{"50", "", "", "0", "2026-03-01T12:00:03.999999999+14:00", ""},
+		{"50", "", "", "0", "2026-13-01T12:00:03Z", ""}, {"50", "", "", "0", "Sun, 01 Mar 2026 12:00:30 GMT", ""},
+	}
+	for _, s := range llmSeeds {
+		for _, code := range []uint8{relFuzzCode(0, 1), relFuzzCode(3, 1), relFuzzCode(0, 2), relFuzzCode(4, 2)} {
 			f.Add(s.rl, s.rlRemaining, s.rlReset, s.xRemaining, s.xReset, s.date, code)
 		}
 	}
 	f.Fuzz(func(t *testing.T, rl, rlRemaining, rlReset, xRemaining, xReset, date string, code uint8) {
+		status := relFuzzStatuses[int(code)%len(relFuzzStatuses)]
+		if layout := int(code) / len(relFuzzStatuses) % 3; layout != 0 {
+			relFuzzLLMQuotas(t, layout, status, rl, rlRemaining, rlReset, xRemaining, xReset, date)
+			return
+		}
 		h := relHeader("Ratelimit", rl, "Ratelimit-Remaining", rlRemaining, "Ratelimit-Reset", rlReset,
 			"X-Ratelimit-Remaining", xRemaining, "X-Ratelimit-Reset", xReset, "Date", date)
 		wait, ok := quotaReset(h, relFuzzNow)
@@ -269,4 +351,37 @@ func FuzzRateLimitHeaders(f *testing.F) {
 		}
 		relFuzzTransport(t, relFuzzStatuses[int(code)%len(relFuzzStatuses)], h)
 	})
+}
+
+// relFuzzLLMQuotas checks the quota headers of OpenAI (layout 1) or
+// Anthropic (layout 2): whatever they say, no wait is negative, a spent
+// quota of requests with a usable reset waits at least until that reset,
+// an announcement is whole, and through the Transport every sleep stays
+// within the max.
+func relFuzzLLMQuotas(t *testing.T, layout, status int, limit, tokRemaining, tokReset, remaining, reset, date string) {
+	family, readReset := openAIQuotas[:], func(v string, h http.Header) (time.Duration, bool) { return parseResetDuration(v) }
+	if layout == 2 {
+		family = anthropicQuotas[:2]
+		readReset = func(v string, h http.Header) (time.Duration, bool) { return untilTime(v, h, relFuzzNow) }
+	}
+	req, tok := family[0], family[1]
+	h := relHeader(req.limit, limit, req.remaining, remaining, req.reset, reset,
+		tok.remaining, tokRemaining, tok.reset, tokReset, "Date", date)
+	wait, ok := quotaReset(h, relFuzzNow)
+	if wait < 0 || (!ok && wait != 0) {
+		t.Fatalf("quotaReset(%v) = %v, %v", h, wait, ok)
+	}
+	if isZero(remaining) {
+		if want, good := readReset(reset, h); good && (!ok || wait < want) {
+			t.Fatalf("quotaReset(%v) = %v, %v; want at least %v", h, wait, ok, want)
+		}
+	}
+	a := announced(h, relFuzzNow)
+	if a.limit < 0 || a.window != 0 || a.reset < -1 || a.remaining < -1 || (a.limit == 0 && a != announcement{}) {
+		t.Fatalf("announced(%v) = %+v", h, a)
+	}
+	if a.limit > 0 && remaining != "" && !quotaHeaders(h) {
+		t.Fatalf("announced(%v) = %+v, but quotaHeaders says there is nothing to read", h, a)
+	}
+	relFuzzTransport(t, status, h)
 }

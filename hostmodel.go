@@ -261,6 +261,12 @@ func (s *Signal) outcome() outcome {
 	return accepted
 }
 
+// limits reports a refusal by which the host says it limits the rate: a
+// 429, or a 403 that refuses for a quota (as GitHub sends).
+func (s *Signal) limits() bool {
+	return s.Refused && (s.Status == http.StatusTooManyRequests || s.Status == http.StatusForbidden)
+}
+
 // statusOverloaded is Anthropic's "overloaded", a 503 of its own.
 const statusOverloaded = 529
 
@@ -442,7 +448,10 @@ func (m *hostModel) quotaWait(now time.Time) (time.Time, bool) {
 	}
 	tokens := m.q.tokens(now) + tokenSlack
 	if tokens < 1 {
-		return m.q.nextToken(now), true
+		// Spent, until the moment it names; a host that names none is
+		// asked, and says so again.
+		at := m.q.nextToken(now)
+		return at, !at.IsZero()
 	}
 	if m.fresh(now) && tokens-min(m.ghosts, float64(m.q.limit)) < 1 {
 		return m.since.Add(holdTime), true
@@ -621,8 +630,8 @@ func (m *hostModel) answer(sig *Signal, l *localLimiter, host string) {
 		}
 	case refused:
 		m.lastTrouble = now
-		if sig.Status != http.StatusTooManyRequests {
-			m.failure(sig, overlapped)
+		if !sig.limits() {
+			m.failure(sig, overlapped) // a host that says it limits the rate is up
 		}
 		if m.state == HostDown {
 			break
@@ -730,7 +739,7 @@ func (m *hostModel) recover(l *localLimiter, host string, now time.Time) {
 // a burst.
 func (m *hostModel) explained(sig *Signal, overlapped bool) bool {
 	now := sig.Now
-	if sig.Status == http.StatusTooManyRequests || m.state == HostOverloaded || m.state == HostRecovering {
+	if sig.limits() || m.state == HostOverloaded || m.state == HostRecovering {
 		return true
 	}
 	sent := m.sentLastSecond(sig)
@@ -797,7 +806,7 @@ func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked 
 		return // a lone refusal, among many accepted, at a pace the host took before
 	}
 	m.cutRate(l, host, now, accepted, sent, m.fresh(now), overlapped)
-	if sig.Status == http.StatusTooManyRequests || c.cutShare < 1.0/overloadRatio {
+	if sig.limits() || c.cutShare < 1.0/overloadRatio {
 		// The host said it limits the rate, or the cut is of a pace it
 		// refused a little: nothing to check. A cut of a host that refused
 		// most of what it got, naming no limit, is checked (exonerated).
@@ -1127,10 +1136,9 @@ func (c *call) observe(a *answer) bool {
 	)
 	if resp != nil {
 		h, code = resp.Header, resp.StatusCode
-		// Three lookups: a host that announces a quota says what remains
-		// of it too (X-RateLimit-Limit comes with -Remaining,
-		// RateLimit-Policy with RateLimit or RateLimit-Remaining).
-		quota = len(h["X-Ratelimit-Remaining"]) > 0 || len(h["Ratelimit-Remaining"]) > 0 || len(h["Ratelimit"]) > 0
+		// A host that announces a quota says what remains of it too: a
+		// few map lookups (quotaHeaders) tell such an answer.
+		quota = quotaHeaders(h)
 	}
 	plain := resp != nil && code < 400 && c.retryIf == nil && !t.statuses.has(code)
 	tell := c.adm.report || quota
@@ -1198,9 +1206,9 @@ func (c *call) readWaits(a *answer, h http.Header, quota bool, sig *Signal) {
 			}
 		}
 	}
-	sig.Refused = code == http.StatusTooManyRequests ||
-		((code == http.StatusServiceUnavailable || code == statusOverloaded) && !a.named)
-	if code == http.StatusTooManyRequests && a.named {
+	limited := code == http.StatusTooManyRequests || quotaRefusal(resp, now) // the host says it limits the rate
+	sig.Refused = limited || ((code == http.StatusServiceUnavailable || code == statusOverloaded) && !a.named)
+	if limited && a.named {
 		sig.Wait = max(a.wait, t.raFloor)
 	}
 	sig.Limit, sig.Window, sig.Reset, sig.Remaining = q.limit, q.window, q.reset, q.remaining

@@ -29,6 +29,22 @@ func replayable(req *http.Request) bool {
 	return hasKey(req.Header)
 }
 
+// safeToRepeat reports whether the caller said the request is safe to
+// repeat: its context's policy (PolicySafeToRepeat), or a predicate of the
+// Transport's (WithSafeToRepeat). It is asked only after a failure, so the
+// success path pays nothing for it.
+func (c *call) safeToRepeat() bool {
+	if p, ok := c.ctx.Value(policyKey{}).(*policy); ok && p.safeToRepeat {
+		return true
+	}
+	for _, f := range c.t.safeToRepeat {
+		if f(c.req) {
+			return true
+		}
+	}
+	return false
+}
+
 func hasKey(h http.Header) bool {
 	return firstValue(h, headerIdempotencyKey) != "" || firstValue(h, headerXIdempotencyKey) != ""
 }

@@ -36,7 +36,12 @@ const (
 	MaxParking = time.Hour
 )
 
-// defaultStatuses are the statuses retried unless WithRetryStatuses says otherwise.
+// defaultStatuses are the statuses retried unless WithRetryStatuses says
+// otherwise. Cloudflare's 520 to 523 are its 502 (the origin's answer was
+// empty or malformed, or no connection to the origin could be made); its 524
+// is not among them: the origin took the request and did not answer within
+// 100 s, so another try costs 100 s more of an origin that is busy with the
+// first.
 var defaultStatuses = []int{
 	http.StatusRequestTimeout,      // 408
 	http.StatusTooManyRequests,     // 429
@@ -44,6 +49,11 @@ var defaultStatuses = []int{
 	http.StatusBadGateway,          // 502
 	http.StatusServiceUnavailable,  // 503
 	http.StatusGatewayTimeout,      // 504
+	520,                            // Cloudflare: the origin's answer was empty or unknown
+	521,                            // Cloudflare: the origin refused the connection
+	522,                            // Cloudflare: the connection to the origin timed out
+	523,                            // Cloudflare: the origin is unreachable
+	529,                            // Anthropic, and others: overloaded
 }
 
 // config is what the options set. newConfig fills in every default, in
@@ -67,6 +77,7 @@ type config struct {
 	budgetSet               bool
 	noLearning              bool
 	autoKey                 bool
+	safeToRepeat            []func(*http.Request) bool
 	replayLimit             int64
 	onRetry, onGiveUp       []func(RetryEvent)
 	onPark                  []func(ParkEvent)
@@ -164,11 +175,32 @@ func WithRetryAfterLimits(floor, max time.Duration) Option {
 }
 
 // WithRetryStatuses replaces the set of response statuses that are retried
-// (default 408, 429, 500, 502, 503, 504). With no codes, no status is
-// retried; codes outside 100 to 599 are ignored.
+// (default 408, 429, 500, 502, 503, 504, 520, 521, 522, 523 and 529). With no
+// codes, no status is retried; codes outside 100 to 599 are ignored. Two
+// answers are judged beside the set: a 403 that refuses for a quota is
+// retried when 429 is in it, and a failure whose server says X-Should-Retry
+// is retried, or not, as it says (DefaultRetryIf).
 func WithRetryStatuses(codes ...int) Option {
 	return func(c *config) {
 		s := append([]int(nil), codes...)
+		c.statusCodes = &s
+	}
+}
+
+// WithExtraRetryStatuses adds codes to the set of response statuses that
+// are retried: to the defaults, or to the set of a WithRetryStatuses given
+// before it, so that one more status (a 409 of an API that answers it to a
+// conflict that passes) needs no restating of the others. Codes outside 100
+// to 599 are ignored; with no codes it changes nothing.
+func WithExtraRetryStatuses(codes ...int) Option {
+	return func(c *config) {
+		var s []int
+		if c.statusCodes != nil {
+			s = *c.statusCodes
+		} else {
+			s = defaultStatuses
+		}
+		s = append(append([]int(nil), s...), codes...)
 		c.statusCodes = &s
 	}
 }
@@ -232,6 +264,24 @@ func WithBudget(b *Budget) Option {
 // the server must honour the key for this to be safe.
 func WithAutoIdempotencyKey() Option {
 	return func(c *config) { c.autoKey = true }
+}
+
+// WithSafeToRepeat says which requests are safe to repeat although their
+// method is not: those for which f returns true, such as the POSTs of an
+// LLM completion or a search. Such a request is retried after a failure that
+// may have reached the server (a 500, a 503, a reset connection) as a PUT
+// would be. Off by default: a POST without an idempotency key is sent again
+// only when the server certainly did not act on it. f is asked only after a
+// failure, on the request's goroutine, and must not modify the request.
+// Each WithSafeToRepeat adds a predicate; a request is safe when one says
+// so; nil adds none. PolicySafeToRepeat says the same of one request, or one
+// task, through its context.
+func WithSafeToRepeat(f func(*http.Request) bool) Option {
+	return func(c *config) {
+		if f != nil {
+			c.safeToRepeat = append(c.safeToRepeat, f)
+		}
+	}
 }
 
 // WithOnRetry adds a hook called once for every retry, just before it is

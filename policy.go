@@ -19,8 +19,9 @@ type PolicyOption func(*policy)
 // policy is what the PolicyOptions of a context set; zero fields mean the
 // Transport's own setting.
 type policy struct {
-	maxAttempts int
-	retryIf     func(*http.Response, error) bool
+	maxAttempts  int
+	retryIf      func(*http.Response, error) bool
+	safeToRepeat bool
 }
 
 type policyKey struct{}
@@ -66,6 +67,20 @@ func PolicyNoRetry() PolicyOption { return PolicyMaxAttempts(1) }
 // Transport's own classification.
 func PolicyRetryIf(f func(*http.Response, error) bool) PolicyOption {
 	return func(p *policy) { p.retryIf = f }
+}
+
+// PolicySafeToRepeat says that the requests made with the context are safe
+// to repeat although their method is not: a POST that searches, an LLM
+// completion, a call whose second execution does no harm the caller cares
+// about. Such a request is retried after a failure that may have reached the
+// server (a 500, a 503, a reset connection) as a PUT would be; without it,
+// the default, a POST without an idempotency key is sent again only when the
+// server certainly did not act on it. Say it only of calls that are: a
+// repeated completion is billed twice if the server did the first. The
+// other rules stay: the classification, the attempts, the body, the bounds
+// on waits and the budget.
+func PolicySafeToRepeat() PolicyOption {
+	return func(p *policy) { p.safeToRepeat = true }
 }
 
 // applyPolicy settles the call's attempts and predicate: the Transport's,

@@ -8,36 +8,54 @@ import (
 	"time"
 )
 
-// A server names a wait in one of two ways: Retry-After (RFC 9110 §10.2.3),
-// or rate-limit headers saying the quota is spent and when it comes back.
-// Both are remote input: everything here parses defensively, and what it
-// returns is bounded by the caller (floor, max, MaxParking) before it
-// reaches a sleep or a parking.
+// A server names a wait in one of two ways: a Retry-After (RFC 9110
+// §10.2.3, or its millisecond forms), or rate-limit headers saying the quota
+// is spent and when it comes back. Both are remote input: everything here
+// parses defensively, and what it returns is bounded by the caller (floor,
+// max, MaxParking) before it reaches a sleep or a parking.
 
 // maxDelaySeconds is the largest delay-seconds that still fits a Duration.
 const maxDelaySeconds = int64(1<<63-1) / int64(time.Second)
 
 // Longer values than these are not parsed at all: an HTTP-date is 29 bytes
-// (asctime 24), and a RateLimit field of a few policies a few hundred. A
-// hostile header of megabytes costs a length check, not a parse.
+// (asctime 24), an RFC 3339 time 35 at most, a number or a Go duration of
+// any use a few dozen, and a RateLimit field of a few policies a few
+// hundred. A hostile header of megabytes costs a length check, not a parse.
 const (
 	maxDateLen      = 64
+	maxNumberLen    = 64
 	maxRateLimitLen = 4096
 )
 
-// retryAfter returns the wait a response's Retry-After names, counted from
-// the response's own Date when it has one (the server's clock, so a skew
-// between the clocks does not matter), else from now. ok is false when the
-// header is absent or unusable: not a whole number of seconds and not an
-// HTTP-date, negative, fractional or too large for a Duration. A date in
-// the past names a wait of zero.
+// The canonical keys of the waits named in milliseconds, in the order they
+// are preferred to Retry-After: retry-after-ms (OpenAI, Azure OpenAI and
+// every Stainless-generated SDK), x-ms-retry-after-ms (Azure, Cosmos DB).
+// Both are finer than a Retry-After beside them, which the SDKs that read
+// them ignore when they are there.
+var msWaitHeaders = [...]string{"Retry-After-Ms", "X-Ms-Retry-After-Ms"}
+
+// retryAfter returns the wait a response names: Retry-After-Ms or
+// X-Ms-Retry-After-Ms when one is usable, else Retry-After, in seconds or
+// as an HTTP-date counted from the response's own Date when it has one (the
+// server's clock, so a skew between the clocks does not matter), else from
+// now. A fraction of the header's unit is rounded up: a wait named is never
+// cut short. ok is false when no header is usable: absent, not a
+// non-negative decimal number and not an HTTP-date, or too large for a
+// Duration. A date in the past names a wait of zero.
 func retryAfter(h http.Header, now time.Time) (wait time.Duration, ok bool) {
+	for _, key := range msWaitHeaders {
+		if v := firstValue(h, key); v != "" {
+			if d, ok := parseDecimal(v, time.Millisecond); ok {
+				return d, true
+			}
+		}
+	}
 	v := firstValue(h, "Retry-After")
 	if v == "" {
 		return 0, false
 	}
-	if secs, ok := parseSeconds(v); ok {
-		return time.Duration(secs) * time.Second, true
+	if d, ok := parseDecimal(v, time.Second); ok {
+		return d, true
 	}
 	if len(v) > maxDateLen {
 		return 0, false
@@ -47,6 +65,44 @@ func retryAfter(h http.Header, now time.Time) (wait time.Duration, ok bool) {
 		return 0, false
 	}
 	return max(0, when.Sub(serverNow(h, now))), true
+}
+
+// parseDecimal reads a non-negative decimal number of units, with optional
+// surrounding white space: digits with at most one point among them
+// ("30", "2.5", "2.", ".5"). A fraction is rounded up to the next whole
+// unit. A sign, an exponent, a second value, more than maxNumberLen bytes or
+// a number of units beyond a Duration are refused.
+func parseDecimal(v string, unit time.Duration) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" || len(v) > maxNumberLen {
+		return 0, false
+	}
+	whole, frac, dotted := strings.Cut(v, ".")
+	if whole == "" && frac == "" {
+		return 0, false // a point alone
+	}
+	if strings.Trim(whole, "0123456789") != "" || (dotted && strings.Trim(frac, "0123456789") != "") {
+		return 0, false
+	}
+	var n int64
+	if whole = strings.TrimLeft(whole, "0"); whole != "" {
+		if len(whole) > 19 {
+			return 0, false
+		}
+		var err error
+		if n, err = strconv.ParseInt(whole, 10, 64); err != nil {
+			return 0, false
+		}
+	}
+	limit := int64(1<<63-1) / int64(unit)
+	roundUp := strings.Trim(frac, "0") != ""
+	if n > limit || (roundUp && n == limit) {
+		return 0, false
+	}
+	if roundUp {
+		n++
+	}
+	return time.Duration(n) * unit, true
 }
 
 // serverNow is the response's Date when it has a valid one, else now.
@@ -60,32 +116,122 @@ func serverNow(h http.Header, now time.Time) time.Time {
 }
 
 // quotaReset returns the wait until the quota resets when a response says
-// its quota is spent. It reads, in order:
+// its quota is spent: the longest reset among the quotas it says are spent,
+// in any of these families:
 //   - RateLimit, the structured field of the IETF httpapi draft, in its
 //     current list form (`"default";r=0;t=30`) and its earlier dictionary
 //     form (`limit=100, remaining=0, reset=30`);
 //   - RateLimit-Remaining with RateLimit-Reset (delay seconds);
 //   - X-RateLimit-Remaining with X-RateLimit-Reset, GitHub style: epoch
 //     seconds, counted from the response's Date when it has one; a value
-//     under half of now's epoch seconds is a delay in seconds instead.
+//     under half of now's epoch seconds is a delay in seconds instead;
+//   - OpenAI's x-ratelimit-remaining-requests and -tokens, with
+//     x-ratelimit-reset-requests and -tokens as Go durations ("1s", "6m0s",
+//     "12ms") or seconds;
+//   - Anthropic's anthropic-ratelimit-requests-, -tokens-, -input-tokens-
+//     and -output-tokens-remaining, with the -reset beside each as an RFC
+//     3339 time, counted from the response's Date when it has one.
 //
-// ok is false when no header says the quota is spent, or the reset is
-// unusable.
+// ok is false when no header says a quota is spent, or no reset of one is
+// usable.
 func quotaReset(h http.Header, now time.Time) (wait time.Duration, ok bool) {
-	if v := firstValue(h, "Ratelimit"); v != "" && len(v) <= maxRateLimitLen {
-		if secs, ok := parseRateLimitField(v); ok {
-			return time.Duration(secs) * time.Second, true
+	longest := func(d time.Duration, good bool) {
+		if good && (!ok || d > wait) {
+			wait, ok = d, true
 		}
+	}
+	if v := firstValue(h, "Ratelimit"); v != "" && len(v) <= maxRateLimitLen {
+		secs, good := parseRateLimitField(v)
+		longest(time.Duration(secs)*time.Second, good)
 	}
 	if isZero(firstValue(h, "Ratelimit-Remaining")) {
-		if secs, ok := parseSeconds(firstValue(h, "Ratelimit-Reset")); ok {
-			return time.Duration(secs) * time.Second, true
-		}
+		secs, good := parseSeconds(firstValue(h, "Ratelimit-Reset"))
+		longest(time.Duration(secs)*time.Second, good)
 	}
 	if isZero(firstValue(h, "X-Ratelimit-Remaining")) {
-		return epochOrDelay(firstValue(h, "X-Ratelimit-Reset"), h, now)
+		longest(epochOrDelay(firstValue(h, "X-Ratelimit-Reset"), h, now))
 	}
-	return 0, false
+	for _, q := range openAIQuotas {
+		if isZero(firstValue(h, q.remaining)) {
+			longest(parseResetDuration(firstValue(h, q.reset)))
+		}
+	}
+	for _, q := range anthropicQuotas {
+		if isZero(firstValue(h, q.remaining)) {
+			longest(untilTime(firstValue(h, q.reset), h, now))
+		}
+	}
+	return wait, ok
+}
+
+// quotaKeys are the canonical keys of one quota's headers.
+type quotaKeys struct{ limit, remaining, reset string }
+
+// The quotas of the LLM APIs. The first of each family counts requests,
+// which learning paces; the others count tokens, of which a request spends
+// a number nobody knows beforehand: when spent, they park the host until
+// their reset, but announce no pace.
+var (
+	// OpenAI (and the APIs that copy it: Azure OpenAI, Groq and others).
+	openAIQuotas = [...]quotaKeys{
+		{"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests"},
+		{"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens"},
+	}
+	// Anthropic.
+	anthropicQuotas = [...]quotaKeys{
+		{"Anthropic-Ratelimit-Requests-Limit", "Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset"},
+		{"Anthropic-Ratelimit-Tokens-Limit", "Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset"},
+		{"Anthropic-Ratelimit-Input-Tokens-Limit", "Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Reset"},
+		{"Anthropic-Ratelimit-Output-Tokens-Limit", "Anthropic-Ratelimit-Output-Tokens-Remaining", "Anthropic-Ratelimit-Output-Tokens-Reset"},
+	}
+)
+
+// quotaHeaders reports whether a response says what remains of a quota of
+// requests, in any family that announced and quotaReset read: the question
+// the success path asks before it reads any of them. It costs five lookups
+// of canonical keys, no allocation. A host that announces a quota, or spends
+// one of tokens, says what remains of its requests too, so the remaining
+// count of requests of each family is enough.
+func quotaHeaders(h http.Header) bool {
+	return len(h["X-Ratelimit-Remaining"]) > 0 || len(h["Ratelimit-Remaining"]) > 0 || len(h["Ratelimit"]) > 0 ||
+		len(h["X-Ratelimit-Remaining-Requests"]) > 0 || len(h["Anthropic-Ratelimit-Requests-Remaining"]) > 0
+}
+
+// parseResetDuration reads an OpenAI reset: a Go duration ("1s", "6m0s",
+// "1m30.5s", "12ms") or a bare number of seconds (rounded up, as Azure
+// OpenAI sends them). A sign, a unit Go does not know, more than
+// maxNumberLen bytes or a duration beyond a Duration are refused.
+func parseResetDuration(v string) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" || len(v) > maxNumberLen {
+		return 0, false
+	}
+	if d, ok := parseDecimal(v, time.Second); ok {
+		return d, true
+	}
+	if c := v[0]; c != '.' && (c < '0' || c > '9') {
+		return 0, false // a sign, or no number at all
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, false
+	}
+	return d, true
+}
+
+// untilTime reads an RFC 3339 time and returns how far ahead it is, counted
+// from the response's Date when it has one (the server's clock), else from
+// now; a time in the past is a wait of zero.
+func untilTime(v string, h http.Header, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" || len(v) > maxDateLen {
+		return 0, false
+	}
+	when, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		return 0, false
+	}
+	return max(0, when.Sub(serverNow(h, now))), true
 }
 
 // parseRateLimitField reads the RateLimit field and returns the reset of a
@@ -187,16 +333,22 @@ type announcement struct {
 	remaining int
 }
 
-// announced reads the quota a response announces, from the first of:
+// announced reads the quota of requests a response announces, from the
+// first of:
 //   - RateLimit-Policy, of the IETF httpapi draft, in its current form
 //     (`"default";q=100;w=60`) or its earlier one (`100;w=60`); several
 //     policies: the slowest;
 //   - RateLimit-Limit (an earlier draft), with RateLimit-Reset as a delay;
 //   - X-RateLimit-Limit, with X-RateLimit-Reset as epoch seconds or a delay
-//     (GitHub, go-chi/httprate, throttled and most others).
+//     (GitHub, go-chi/httprate, throttled and most others);
+//   - OpenAI's x-ratelimit-limit-requests, with -remaining-requests and
+//     -reset-requests (a Go duration);
+//   - Anthropic's anthropic-ratelimit-requests-limit, with -remaining and
+//     -reset (an RFC 3339 time).
 //
-// Values that are not whole numbers, a zero limit or window, and numbers
-// too large for a Duration are ignored: the answer announces nothing.
+// The last three name no window: the reset tells it. Values that are not
+// whole numbers, a zero limit or window, and numbers too large for a
+// Duration are ignored: the answer announces nothing.
 func announced(h http.Header, now time.Time) announcement {
 	a := announcement{reset: -1, remaining: -1}
 	if v := firstValue(h, "Ratelimit-Policy"); v != "" && len(v) <= maxRateLimitLen {
@@ -219,16 +371,36 @@ func announced(h http.Header, now time.Time) announcement {
 		}
 		return a
 	}
-	n, ok := parseSeconds(firstValue(h, "X-Ratelimit-Limit"))
+	if a, ok := requestQuota(h, "X-Ratelimit-Limit", "X-Ratelimit-Remaining"); ok {
+		if w, ok := epochOrDelay(firstValue(h, "X-Ratelimit-Reset"), h, now); ok {
+			a.reset = w
+		}
+		return a
+	}
+	oa, an := openAIQuotas[0], anthropicQuotas[0]
+	if a, ok := requestQuota(h, oa.limit, oa.remaining); ok {
+		if w, ok := parseResetDuration(firstValue(h, oa.reset)); ok {
+			a.reset = w
+		}
+		return a
+	}
+	if a, ok := requestQuota(h, an.limit, an.remaining); ok {
+		if w, ok := untilTime(firstValue(h, an.reset), h, now); ok {
+			a.reset = w
+		}
+		return a
+	}
+	return announcement{}
+}
+
+// requestQuota reads a quota's limit and what remains of it, with no reset
+// yet: ok is false when the limit is not a whole number from 1 to MaxInt32.
+func requestQuota(h http.Header, limitKey, remainingKey string) (announcement, bool) {
+	n, ok := parseSeconds(firstValue(h, limitKey))
 	if !ok || n <= 0 || n > math.MaxInt32 {
-		return announcement{}
+		return announcement{}, false
 	}
-	a.limit = int(n)
-	if w, ok := epochOrDelay(firstValue(h, "X-Ratelimit-Reset"), h, now); ok {
-		a.reset = w
-	}
-	a.remaining = remainingOf(firstValue(h, "X-Ratelimit-Remaining"))
-	return a
+	return announcement{limit: int(n), reset: -1, remaining: remainingOf(firstValue(h, remainingKey))}, true
 }
 
 // parsePolicy reads a quota policy list and returns the slowest policy's

@@ -440,7 +440,7 @@ func TestS3SDKRetriesMultiply(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				rec, url, base := bubbleStub(t, replies(tc.answer))
-				err := tc.call(s3At(t, url, fast(base), sdkRetries))
+				err := tc.call(s3At(t, url, layered(base), sdkRetries))
 				var maxErr *retry.MaxAttemptsError
 				if !errors.As(err, &maxErr) || maxErr.Attempt != 3 {
 					t.Errorf("err = %v, want the SDK's MaxAttemptsError after 3 attempts", err)

@@ -5,11 +5,12 @@
 //
 //	cd examples/sdk && go run .
 //
-// setup.go configures aws-sdk-go-v2's S3 and slack-go the same way; the
-// tests prove, against the real SDKs, what each then does (README.md).
+// setup.go configures aws-sdk-go-v2's S3, slack-go, openai-go,
+// anthropic-sdk-go, azcore, go-github and minio-go the same way; the tests
+// prove, against the real SDKs, what each then does (README.md).
 //
-// It is a module of its own so that the core's go.mod does not depend on
-// stripe-go.
+// It is a module of its own so that the core's go.mod depends on none of
+// them.
 package main
 
 import (

@@ -144,9 +144,9 @@ func TestStripeRetries(t *testing.T) {
 			for _, on := range []bool{false, true} {
 				synctest.Test(t, func(t *testing.T) {
 					rec, url, base := bubbleStub(t, replies(tc.answer))
-					sc, want := newStripe(url, fast(base)), tc.off
+					sc, want := newStripe(url, layered(base)), tc.off
 					if on {
-						sc, want = stripeWithRetries(url, fast(base)), tc.on
+						sc, want = stripeWithRetries(url, layered(base)), tc.on
 					}
 					_, err := createCustomer(sc)
 					if hits := rec.Hits(); len(hits) != want {
