@@ -134,6 +134,9 @@ func transientError(ctx context.Context, err error) bool {
 	if certificateError(err) || malformedAddress(err) {
 		return false
 	}
+	if timedOut(err) {
+		return true // a slow attempt, abandoned: the next may be quick
+	}
 	var dns *net.DNSError
 	if errors.As(err, &dns) {
 		return dns.IsTimeout || dns.IsTemporary

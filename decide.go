@@ -71,6 +71,8 @@ type answer struct {
 	// spent quota), valid when named.
 	wait  time.Duration
 	named bool
+	// adm is the attempt's admission: when it went, and its ticket.
+	adm admission
 	// refused is set for a refusal (a 429, a 503 or 529 naming no wait);
 	// down says the host model holds the host down after this answer;
 	// paced, that it was a refusal of an overloaded host, whose retry
@@ -101,6 +103,9 @@ func (c *call) decide(a *answer) verdict {
 		return verdict{reason: ReasonServerWait}
 	}
 	v := verdict{retry: true, delay: c.backoff(a.n)}
+	if timedOut(a.err) {
+		v.delay = 0 // the attempt timeout was its wait
+	}
 	if a.named {
 		v.delay, v.named, v.scheduled = max(a.wait, t.raFloor), true, a.wait > 0
 	}

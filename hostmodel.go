@@ -229,6 +229,9 @@ type Signal struct {
 	// Sent is how many attempts the process sent in the last second, to
 	// every host: a bound on what this host got before it had a record.
 	Sent float64
+	// KeepLatency asks the Limiter to keep the host's answer latencies,
+	// for Reservation.Latency: the Transport learns its hedge delay.
+	KeepLatency bool
 }
 
 // outcome is what an answer says of its host, for the model.
@@ -300,6 +303,7 @@ type hostModel struct {
 	answered     time.Time  // when the last answer came, and when it was sent
 	answeredSent time.Time
 	held         bool    // it served an attempt of ours while it refused others
+	timing       bool    // its latencies are kept, for a Transport that hedges
 	ghosts       float64 // attempts sent before the record, still on their way, at most (while fresh)
 	latencies    latencies
 
@@ -595,6 +599,7 @@ func (m *hostModel) answer(sig *Signal, l *localLimiter, host string) {
 		return
 	}
 	m.seen = now
+	m.timing = m.timing || sig.KeepLatency
 	// Sent while another was on its way: before the last answer came, or
 	// with the attempt that brought it.
 	sentAt := now.Add(-sig.Latency)
@@ -999,7 +1004,7 @@ func (m *hostModel) status() HostStatus {
 // flight, it is not down or holding a pace (unless nobody asked for the
 // host lately), and nothing went wrong with the host for forgetAfter.
 func (m *hostModel) expired(now time.Time) bool {
-	if m.inflight > 0 && now.Sub(m.seen) < forgetAfter {
+	if (m.inflight > 0 || m.timing) && now.Sub(m.seen) < forgetAfter {
 		return false
 	}
 	if now.Sub(m.seen) >= forgetAfter {
@@ -1091,17 +1096,21 @@ func (w *twoSeconds) max(now time.Time) int {
 }
 
 // latencies keeps a host's recent answer latencies, for its 95th
-// percentile: the last 64, in a ring.
+// percentile: the last 64, in a ring; the percentile is worked out again
+// every eighth answer.
 type latencies struct {
-	ring [64]time.Duration
-	n    int
-	next int
+	ring   [64]time.Duration
+	n      int
+	next   int
+	fresh  int // answers since the percentile was worked out
+	cached time.Duration
 }
 
 func (ls *latencies) add(d time.Duration) {
 	ls.ring[ls.next] = d
 	ls.next = (ls.next + 1) % len(ls.ring)
 	ls.n = min(ls.n+1, len(ls.ring))
+	ls.fresh++
 }
 
 // p95 is the 95th percentile of the latencies kept; 0 when none.
@@ -1109,6 +1118,14 @@ func (ls *latencies) p95() time.Duration {
 	if ls.n == 0 {
 		return 0
 	}
+	if ls.cached > 0 && ls.fresh < 8 {
+		return ls.cached
+	}
+	ls.fresh, ls.cached = 0, ls.percentile95()
+	return ls.cached
+}
+
+func (ls *latencies) percentile95() time.Duration {
 	var sorted [64]time.Duration
 	s := sorted[:ls.n]
 	copy(s, ls.ring[:ls.n])
@@ -1141,7 +1158,7 @@ func (c *call) observe(a *answer) bool {
 		quota = quotaHeaders(h)
 	}
 	plain := resp != nil && code < 400 && c.retryIf == nil && !t.statuses.has(code)
-	tell := c.adm.report || quota
+	tell := a.adm.report || quota || t.hedgeLearns
 	if plain && !tell {
 		if tell = c.sentBeforeRecord(); !tell {
 			return false
@@ -1149,7 +1166,8 @@ func (c *call) observe(a *answer) bool {
 	}
 	now := t.clock.Now()
 	a.now = now
-	sig := Signal{Now: now, Ticket: c.adm.ticket, Latency: now.Sub(c.adm.at), Status: code, Reset: -1, Remaining: -1}
+	sig := Signal{Now: now, Ticket: a.adm.ticket, Latency: now.Sub(a.adm.at), Status: code, Reset: -1, Remaining: -1,
+		KeepLatency: t.hedgeLearns}
 	if resp == nil {
 		sig.Err, sig.Failed = a.err, true
 		sig.Canceled = c.ctx.Err() != nil // the caller's doing, not the host's
@@ -1178,7 +1196,7 @@ func (c *call) observe(a *answer) bool {
 // atomic load while no host has a record.
 func (c *call) sentBeforeRecord() bool {
 	l := c.t.free
-	if c.adm.report || l == nil || l.learning.Load() == 0 {
+	if l == nil || l.learning.Load() == 0 {
 		return false
 	}
 	return c.t.clock.Now().Sub(l.epoch).Nanoseconds() < l.freshUntil.Load()

@@ -78,6 +78,10 @@ type config struct {
 	noLearning              bool
 	autoKey                 bool
 	safeToRepeat            []func(*http.Request) bool
+	attemptTimeout          time.Duration
+	hedging                 bool
+	hedgeDelay              time.Duration // 0: learned
+	hedgeLearns             bool          // hedging, with a learned delay
 	replayLimit             int64
 	onRetry, onGiveUp       []func(RetryEvent)
 	onPark                  []func(ParkEvent)
@@ -281,6 +285,42 @@ func WithSafeToRepeat(f func(*http.Request) bool) Option {
 		if f != nil {
 			c.safeToRepeat = append(c.safeToRepeat, f)
 		}
+	}
+}
+
+// WithAttemptTimeout bounds each attempt, from the moment it is sent until
+// its response headers arrive, at d: an attempt that takes longer is
+// abandoned (its context cancelled, so the base lets go of it) and counts
+// as failed, with an error that errors.Is(err, context.DeadlineExceeded)
+// and says which attempt timed out (*AttemptTimeoutError). It is tried
+// again when the request is safe to repeat (a GET, a PUT, a keyed POST;
+// an unkeyed POST is not, since it may have reached the server), at once:
+// the time it waited is its backoff; the pace, the parking and the budget
+// still apply. The body is the caller's and is never cut by it. The
+// request's own deadline bounds everything. 0, the default, means no
+// attempt timeout; ContextWithPolicy(ctx, PolicyAttemptTimeout(d)) sets
+// one for a request.
+func WithAttemptTimeout(d time.Duration) Option {
+	return func(c *config) { c.attemptTimeout = max(d, 0) }
+}
+
+// WithHedging sends one more attempt of a request that is safe to repeat
+// (its method or key, or WithSafeToRepeat, and a body that GetBody can give
+// again, or none) when its first attempt has not answered after delay; the
+// first answer that needs no retry wins, and the other attempt is cancelled
+// and its body closed. A hedge is an attempt like any: it waits for the
+// host's pace and parking, spends the retry budget (refunded when it wins,
+// so an outage is never doubled), carries its resend count, and is
+// reported to the OnRetry hooks with RetryEvent.Hedge set, and logged. A
+// request whose policy turns retries off is not hedged. delay 0 means
+// learned: from the latencies of the host's recent answers, their 95th
+// percentile and an eighth, never below 10 ms; a host with no answers yet
+// is not hedged. Off by default. The delay runs on the runtime's timers
+// (virtual inside a testing/synctest bubble), not on WithClock's clock.
+func WithHedging(delay time.Duration) Option {
+	return func(c *config) {
+		c.hedging, c.hedgeDelay = true, max(delay, 0)
+		c.hedgeLearns = c.hedgeDelay == 0
 	}
 }
 

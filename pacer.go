@@ -102,6 +102,10 @@ type Reservation struct {
 	// with Ticket in the Signal: the Limiter keeps count of the host.
 	Report bool
 	Ticket uint64
+	// Latency is the 95th percentile of the host's recent answer
+	// latencies, when the Limiter keeps them (for a Transport that learns
+	// its hedge delay); 0 when it does not.
+	Latency time.Duration
 }
 
 // Limiter paces attempts per host, holds each host's parking and keeps
@@ -241,7 +245,7 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 			m.q.since++
 		}
 	}
-	res.Report, res.Ticket = true, m.send(a.Now)
+	res.Report, res.Ticket, res.Latency = true, m.send(a.Now), m.latencies.p95()
 	return res, nil
 }
 
@@ -361,8 +365,10 @@ func worthARecord(sig *Signal) bool {
 	switch sig.outcome() {
 	case refused, failed, served:
 		return true
+	case accepted:
+		return sig.Limit > 0 || sig.KeepLatency
 	}
-	return sig.Limit > 0
+	return false
 }
 
 func (l *localLimiter) Park(_ context.Context, host string, until time.Time) error {
@@ -532,9 +538,10 @@ func (e *paceError) Unwrap() error { return context.DeadlineExceeded }
 // admission is an attempt let go: when, and the ticket the limiter wants
 // back with its answer.
 type admission struct {
-	at     time.Time
-	ticket uint64
-	report bool
+	at      time.Time
+	ticket  uint64
+	report  bool
+	latency time.Duration // the host's 95th percentile, when known
 }
 
 // admit waits until an attempt to host may start, and returns when it
@@ -563,7 +570,7 @@ func (t *Transport) admit(ctx context.Context, host string, now time.Time) (admi
 		case res.Down != nil:
 			return admission{at: now}, res.Down
 		case res.OK:
-			adm := admission{at: now, ticket: res.Ticket, report: res.Report}
+			adm := admission{at: now, ticket: res.Ticket, report: res.Report, latency: res.Latency}
 			if res.Delay <= 0 {
 				return adm, nil
 			}

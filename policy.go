@@ -3,6 +3,7 @@ package retryhttp
 import (
 	"context"
 	"net/http"
+	"time"
 )
 
 // A Transport's options apply to every request it sends; a policy on a
@@ -19,9 +20,10 @@ type PolicyOption func(*policy)
 // policy is what the PolicyOptions of a context set; zero fields mean the
 // Transport's own setting.
 type policy struct {
-	maxAttempts  int
-	retryIf      func(*http.Response, error) bool
-	safeToRepeat bool
+	maxAttempts    int
+	retryIf        func(*http.Response, error) bool
+	safeToRepeat   bool
+	attemptTimeout time.Duration
 }
 
 type policyKey struct{}
@@ -87,7 +89,7 @@ func PolicySafeToRepeat() PolicyOption {
 // changed by a policy on the request's context.
 func (c *call) applyPolicy() {
 	t := c.t
-	c.maxAttempts, c.retryIf = t.maxAttempts, t.retryIf
+	c.maxAttempts, c.retryIf, c.attemptTimeout = t.maxAttempts, t.retryIf, t.attemptTimeout
 	p, ok := c.ctx.Value(policyKey{}).(*policy)
 	if !ok {
 		return
@@ -97,5 +99,21 @@ func (c *call) applyPolicy() {
 	}
 	if p.retryIf != nil {
 		c.retryIf = p.retryIf
+	}
+	if p.attemptTimeout != 0 {
+		c.attemptTimeout = max(p.attemptTimeout, 0)
+	}
+}
+
+// PolicyAttemptTimeout bounds each attempt of the requests made with the
+// context, from its send until its response headers, as WithAttemptTimeout
+// does for a Transport. d < 0 turns the Transport's attempt timeout off for
+// them; 0 means the Transport's own.
+func PolicyAttemptTimeout(d time.Duration) PolicyOption {
+	return func(p *policy) {
+		if d < 0 {
+			d = -1
+		}
+		p.attemptTimeout = d
 	}
 }

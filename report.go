@@ -33,6 +33,10 @@ type RetryEvent struct {
 	// Reason is empty for a retry; otherwise why the failure was handed
 	// back as it is: one of the Reason constants.
 	Reason Reason
+	// Hedge is set for a hedge (WithHedging): one more attempt sent beside
+	// the first, which has not failed but not answered after Delay;
+	// Status and Err are then zero.
+	Hedge bool
 }
 
 // ParkEvent describes a host parked by an answer; see WithOnPark.
@@ -134,6 +138,23 @@ func (c *call) report(a *answer, delay time.Duration, reason Reason) {
 		level = slog.LevelWarn
 	}
 	t.logger.LogAttrs(c.ctx, level, "retryhttp: not retrying", attrs...)
+}
+
+// reportHedge tells the OnRetry hooks and the log of a hedge, sent beside
+// the first attempt that has not answered after delay.
+func (c *call) reportHedge(delay time.Duration) {
+	t := c.t
+	if len(t.onRetry) > 0 {
+		ev := RetryEvent{Request: c.req, Attempt: 1, Delay: delay, Key: c.key, Hedge: true}
+		for _, hook := range t.onRetry {
+			hook(ev)
+		}
+	}
+	if t.logger != nil {
+		t.logger.LogAttrs(c.ctx, slog.LevelInfo, "retryhttp: hedging",
+			slog.String("method", methodOf(c.req)), slog.String("host", c.hostName()),
+			slog.String("path", pathOf(c.req)), slog.Duration("after", delay))
+	}
 }
 
 // giveUp reports a failure handed back although it was worth a retry.

@@ -88,7 +88,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // parks and learns like any, and leaves the retries and the budget to the
 // outer.
 func (t *Transport) roundTripOnce(req *http.Request) (*http.Response, error) {
-	c := call{t: t, req: req, ctx: req.Context(), retryIf: t.retryIf}
+	c := call{t: t, req: req, ctx: req.Context(), retryIf: t.retryIf, attemptTimeout: t.attemptTimeout}
 	now := t.clock.Now()
 	c.adm.at = now
 	if !t.admitted(now) {
@@ -101,8 +101,8 @@ func (t *Transport) roundTripOnce(req *http.Request) (*http.Response, error) {
 	if t.markNested {
 		req = req.WithContext(&passedDownCtx{Context: req.Context(), method: methodOf(req), url: req.URL})
 	}
-	resp, err := c.send(req, c.adm.at)
-	c.observe(&answer{n: 1, resp: resp, err: err})
+	resp, err := c.send(req, 1, c.adm.at)
+	c.observe(&answer{n: 1, resp: resp, err: err, adm: c.adm})
 	return resp, err
 }
 
@@ -122,10 +122,11 @@ type call struct {
 	// it succeeds, it pays for itself.
 	charged   bool
 	chargedAt time.Time
-	// maxAttempts and retryIf are the Transport's, or the request's
-	// policy (ContextWithPolicy).
-	maxAttempts int
-	retryIf     func(*http.Response, error) bool
+	// maxAttempts, retryIf and attemptTimeout are the Transport's, or
+	// the request's policy (ContextWithPolicy).
+	maxAttempts    int
+	retryIf        func(*http.Response, error) bool
+	attemptTimeout time.Duration
 }
 
 // hostName is the host the call goes to, made on first use: the success
@@ -161,11 +162,21 @@ func (c *call) run() (*http.Response, error) {
 	}
 	areq := c.base
 	for n := 1; ; n++ {
-		resp, err := c.send(areq, c.adm.at)
-		a := answer{n: n, resp: resp, err: err}
-		if !c.observe(&a) {
+		var (
+			a     answer
+			plain bool
+		)
+		if d := c.hedgeAfter(); n == 1 && d > 0 {
+			a, plain = c.hedged(areq, d)
+			n = a.n
+		} else {
+			resp, err := c.send(areq, n, c.adm.at)
+			a = answer{n: n, resp: resp, err: err, adm: c.adm}
+			plain = !c.observe(&a)
+		}
+		if plain {
 			c.paidFor()
-			return resp, nil // a plain success
+			return a.resp, nil // a plain success
 		}
 		v := c.decide(&a)
 		if !v.retry {
@@ -174,7 +185,7 @@ func (c *call) run() (*http.Response, error) {
 			} else {
 				c.paidFor() // not worth another try: the retry got its answer
 			}
-			return c.finish(n, resp, err)
+			return c.finish(n, a.resp, a.err)
 		}
 		next, reason, ferr := c.retry(&a, v)
 		switch {
@@ -182,7 +193,7 @@ func (c *call) run() (*http.Response, error) {
 			return nil, c.fail(n, ferr)
 		case reason != "":
 			c.giveUp(&a, reason)
-			return c.finish(n, a.resp, err)
+			return c.finish(n, a.resp, a.err)
 		}
 		areq = next
 	}
@@ -199,7 +210,7 @@ func (c *call) paidFor() {
 
 // send makes one attempt through the base, and holds the base to the
 // RoundTripper contract.
-func (c *call) send(req *http.Request, now time.Time) (*http.Response, error) {
+func (c *call) send(req *http.Request, n int, now time.Time) (*http.Response, error) {
 	t := c.t
 	if c.trace != nil {
 		c.trace.reset()
@@ -207,6 +218,16 @@ func (c *call) send(req *http.Request, now time.Time) (*http.Response, error) {
 	if t.budget == nil && !t.noLearning {
 		t.sent.add(now) // the budget counts first tries otherwise: see sentLastSecond
 	}
+	if c.attemptTimeout > 0 {
+		return c.timedRoundTrip(req, n, c.attemptTimeout)
+	}
+	return c.roundTrip(req)
+}
+
+// roundTrip is one attempt through the base, held to the RoundTripper
+// contract.
+func (c *call) roundTrip(req *http.Request) (*http.Response, error) {
+	t := c.t
 	var (
 		resp *http.Response
 		err  error

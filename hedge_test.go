@@ -1,0 +1,204 @@
+package retryhttp
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// slowFirst answers the first request it sees after a minute (unless the
+// client gives up on it), and the others at once, recording each one's
+// resend count and body.
+type slowFirst struct {
+	mu        sync.Mutex
+	n         int
+	resends   []int
+	bodies    []string
+	abandoned atomic.Int64
+}
+
+func (h *slowFirst) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	h.mu.Lock()
+	h.n++
+	first := h.n == 1
+	h.bodies = append(h.bodies, string(b))
+	h.mu.Unlock()
+	if first {
+		select {
+		case <-time.After(time.Minute):
+		case <-r.Context().Done():
+			h.abandoned.Add(1)
+			return
+		}
+	}
+	io.WriteString(w, "ok "+r.Method)
+}
+
+// TestHedging: a hedge goes after the delay, beside a first attempt that
+// has not answered; its answer wins, the first is cancelled (its
+// connection let go), the caller gets the winner's body whole. The hedge
+// carries resend count 1 and the caller's bytes, is reported to OnRetry
+// as a hedge, and spends the budget; an unkeyed POST, a request whose
+// policy turns retries off, and a request when the budget is spent are not
+// hedged.
+func TestHedging(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		method  string
+		ctx     func(context.Context) context.Context
+		budget  *Budget
+		hedged  bool
+		headers map[string]string
+	}{
+		{name: "GET", method: http.MethodGet, hedged: true},
+		{name: "PUT with a body", method: http.MethodPut, hedged: true},
+		{name: "keyed POST", method: http.MethodPost, hedged: true, headers: map[string]string{"Idempotency-Key": "k1"}},
+		{name: "unkeyed POST", method: http.MethodPost},
+		{name: "retries off", method: http.MethodGet, ctx: func(ctx context.Context) context.Context {
+			return ContextWithPolicy(ctx, PolicyNoRetry())
+		}},
+		{name: "budget spent", method: http.MethodGet, budget: NewBudget(0, 0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				host := &slowFirst{}
+				net := newPipeNet(host)
+				defer net.close()
+				resends := map[int]int{}
+				var mu sync.Mutex
+				base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+					mu.Lock()
+					resends[ResendCount(r.Context())]++
+					mu.Unlock()
+					return net.tr.RoundTrip(r)
+				})
+				var ev events
+				opts := []Option{WithBase(base), WithHedging(50 * time.Millisecond), WithOnRetry(ev.add)}
+				if tc.budget != nil {
+					opts = append(opts, WithBudget(tc.budget))
+				}
+				tr := New(opts...)
+				ctx := context.Background()
+				if tc.ctx != nil {
+					ctx = tc.ctx(ctx)
+				}
+				ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+				defer cancel()
+				body := ""
+				if tc.method != http.MethodGet {
+					body = "payload"
+				}
+				start := time.Now()
+				resp, err := sendCtx(ctx, tr, tc.method, "http://hedge.test/x", body, tc.headers)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := readAll(resp)
+				took := time.Since(start)
+				evs := ev.list()
+				if !tc.hedged {
+					if took != time.Minute || len(evs) != 0 {
+						t.Errorf("took %v with events %+v; want the first attempt's minute and no hedge", took, evs)
+					}
+					return
+				}
+				if got != "ok "+tc.method || took != 50*time.Millisecond {
+					t.Errorf("got %q after %v; want the hedge's answer after 50ms", got, took)
+				}
+				if len(evs) != 1 || !evs[0].Hedge || evs[0].Attempt != 1 || evs[0].Delay != 50*time.Millisecond {
+					t.Errorf("events %+v; want one hedge of attempt 1 after 50ms", evs)
+				}
+				mu.Lock()
+				if resends[0] != 1 || resends[1] != 1 {
+					t.Errorf("resend counts seen below %v; want one first try and one hedge", resends)
+				}
+				mu.Unlock()
+				time.Sleep(time.Millisecond)
+				host.mu.Lock()
+				if len(host.bodies) != 2 || host.bodies[1] != body {
+					t.Errorf("the host read %q; want the caller's bytes twice", host.bodies)
+				}
+				host.mu.Unlock()
+				if host.abandoned.Load() != 1 {
+					t.Errorf("the slow first attempt was not cancelled")
+				}
+			})
+		})
+	}
+}
+
+// TestHedgingLearned: with WithHedging(0), a host whose answers all take
+// 50 ms gets no hedge, and one whose answers now and then hang gets them
+// after about its 95th percentile.
+func TestHedgingLearned(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var n atomic.Int64
+		hang := atomic.Bool{}
+		net := newPipeNet(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			d := 50 * time.Millisecond
+			if hang.Load() && n.Add(1)%10 == 0 {
+				d = time.Minute
+			}
+			select {
+			case <-time.After(d):
+				io.WriteString(w, "ok")
+			case <-r.Context().Done():
+			}
+		}))
+		defer net.close()
+		var hedges atomic.Int64
+		tr := New(WithBase(net.tr), WithHedging(0), WithOnRetry(func(ev RetryEvent) {
+			if ev.Hedge {
+				hedges.Add(1)
+			}
+		}))
+		for range 100 {
+			if code, _ := get(t, tr, "http://steady.test/"); code != 200 {
+				t.Fatal(code)
+			}
+		}
+		if h := hedges.Load(); h != 0 {
+			t.Errorf("%d hedges for a host whose answers all take 50ms, want none", h)
+		}
+		hang.Store(true)
+		start := time.Now()
+		for range 100 {
+			if code, _ := get(t, tr, "http://steady.test/"); code != 200 {
+				t.Fatal(code)
+			}
+		}
+		if h, took := hedges.Load(), time.Since(start); h < 9 || h > 12 || took > 100*time.Duration(60)*time.Millisecond+10*60*time.Millisecond {
+			t.Errorf("%d hedges, 100 requests in %v; want one per hung request, each about 56 ms late", h, took)
+		}
+		st, _ := tr.HostStatus(context.Background(), "steady.test")
+		if st.State != HostHealthy {
+			t.Errorf("host %v, want healthy: a slow answer is not a failure", st.State)
+		}
+	})
+}
+
+// The response a hedged call hands back keeps its attempt's context alive
+// until the caller closes its body: a body read slowly is not cut.
+func TestHedgeWinnerBodyLives(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		net := newPipeNet(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", "8")
+			w.(http.Flusher).Flush()
+			time.Sleep(time.Second)
+			io.WriteString(w, "ok, late")
+		}))
+		defer net.close()
+		tr := New(WithBase(net.tr), WithHedging(time.Hour))
+		code, body := get(t, tr, "http://body.test/")
+		if code != 200 || !strings.HasPrefix(body, "ok, late") {
+			t.Errorf("%d %q; want the body whole", code, body)
+		}
+	})
+}
