@@ -114,7 +114,7 @@ func ExampleWithLogger() {
 	resp, _ := (&http.Client{Transport: tr}).Get(srv.URL + "/v1/items?token=secret")
 	resp.Body.Close()
 	// Output:
-	// level=INFO msg="retryhttp: retrying" method=GET path=/v1/items attempt=1 status=503
+	// level=INFO msg="retryhttp: retrying" method=GET path=/v1/items attempt="2 of 3" status=503
 }
 
 // A server's Retry-After is obeyed within bounds: never less than the

@@ -387,9 +387,13 @@ func WithLearning(on bool) Option {
 	return func(c *config) { c.noLearning = !on }
 }
 
-// WithLogger sets the logger that gets one line per retry and per refused
-// retry: method, host, path (never the query), attempt, status or error, and
-// the wait. Headers and bodies are never logged. nil, the default, logs
+// WithLogger sets the logger that gets one line per retry, as its wait
+// starts ("retryhttp: retrying"), and per refused retry ("retryhttp: not
+// retrying", with the reason): method, host, path (never the query), the
+// attempt as "2 of 3", the last try's status or error, and the wait in
+// seconds, to the millisecond (a number in a JSON handler). A host's change
+// of state (down, back, a learned pace or limit, a quota) gets a line of
+// its own. Headers and bodies are never logged. nil, the default, logs
 // nothing.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger = l }

@@ -12,7 +12,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
@@ -151,7 +153,7 @@ func TestReliabilityNoSecretsInLogs(t *testing.T) {
 	}
 	// The log said something useful all the same.
 	for _, want := range []string{`"path":"/v1/things"`, `"reason":"` + string(ReasonNotIdempotent), `"reason":"` + string(ReasonBudget),
-		`"reason":"` + string(ReasonServerWait), `"reason":"` + string(ReasonDeadline), `"reason":"` + string(ReasonNoRewind), `"attempt":2`} {
+		`"reason":"` + string(ReasonServerWait), `"reason":"` + string(ReasonDeadline), `"reason":"` + string(ReasonNoRewind), `"attempt":"2 of 3"`} {
 		if !strings.Contains(log, want) {
 			t.Errorf("the log lacks %s", want)
 		}
@@ -202,4 +204,72 @@ func TestReliabilityRetryErrorRedactsWrappedURL(t *testing.T) {
 	if strings.Contains(err.Error(), relSecret) {
 		t.Errorf("the RetryError's text carries the query: %s", err)
 	}
+}
+
+// TestErrorsSayWhy: an error for a request tried once says why it was not
+// tried again, and through an http.Client the method and URL appear once
+// (net/http's *url.Error says them). The log gives waits as seconds, a
+// number in JSON, and an empty path as "/".
+func TestErrorsSayWhy(t *testing.T) {
+	tlsSrv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	tlsSrv.Config.ErrorLog = relQuietLog() // the handshake the client refuses
+	tlsSrv.StartTLS()
+	defer tlsSrv.Close()
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	logger := slog.New(slog.NewJSONHandler(&lockedWriter{w: &logs, mu: &logMu}, nil))
+	refused := "http://" + closedPort(t)
+	for _, tc := range []struct {
+		name, method, url string
+		opts              []Option
+		want              string
+	}{
+		{"certificate", http.MethodGet, tlsSrv.URL, nil, "retryhttp: not retried (certificate error): "},
+		{"not idempotent", http.MethodPost, refused + "/", []Option{WithBase(&http.Transport{DialContext: resetAfterDial})}, "retryhttp: not retried (not idempotent): "},
+		{"retries off", http.MethodGet, refused, []Option{WithMaxAttempts(1)}, "retryhttp: not retried (retries off): "},
+		{"gave up", http.MethodGet, refused, nil, "retryhttp: gave up after 3 attempts over "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := append([]Option{WithBackoff(time.Millisecond, time.Millisecond), WithLogger(logger)}, tc.opts...)
+			client := &http.Client{Transport: New(opts...)}
+			req, _ := http.NewRequest(tc.method, tc.url, strings.NewReader("x"))
+			_, err := client.Do(req)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to say %q", err, tc.want)
+			}
+			if n := strings.Count(err.Error(), strings.TrimPrefix(tc.url, "http")); n != 1 {
+				t.Errorf("%q names the URL %d times, want once", err, n)
+			}
+		})
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	for _, want := range []string{`"path":"/"`, `"wait":0.001`, `"attempt":"2 of 3"`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the log lacks %s:\n%s", want, logs.String())
+		}
+	}
+}
+
+// resetAfterDial dials a connection that breaks on its first write: a POST
+// that may have reached the server.
+func resetAfterDial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, s := net.Pipe()
+	go func() {
+		buf := make([]byte, 1)
+		s.Read(buf)
+		s.Close()
+	}()
+	return c, nil
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

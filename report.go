@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -60,85 +63,152 @@ func ResendCount(ctx context.Context) int {
 }
 
 // RetryError is returned when the last try ended in an error. It says how
-// many tries were made over how long, and Unwraps to the last error, so
-// errors.Is(err, syscall.ECONNREFUSED) and the like still work.
+// many tries were made over how long, or, for a request tried once, why it
+// was not tried again; it Unwraps to the last error, so
+// errors.Is(err, syscall.ECONNREFUSED) and the like still work. Its text
+// leaves out the method and URL, which net/http's *url.Error around it
+// says already; they are in its fields.
 type RetryError struct {
 	Method   string
 	URL      string // without query or user info
 	Attempts int
 	Elapsed  time.Duration
-	Err      error
+	// Reason is why the last failure was not retried, when it could have
+	// been (a Reason constant); Final, when the error was of a kind no
+	// retry cures ("certificate error"), or retries were off.
+	Reason Reason
+	Final  string
+	Err    error
 }
 
-// Error says what was sent, how many tries over how long, and the last
-// error, without the query or user info of the URL.
+// Error says how many tries were made over how long, or why a request
+// tried once was not tried again, and the last error, without the query or
+// user info of the URL.
 func (e *RetryError) Error() string {
-	tries := "attempts"
-	if e.Attempts == 1 {
-		tries = "attempt"
+	err := logError(e.Err)
+	switch {
+	case e.Attempts > 1:
+		return fmt.Sprintf("retryhttp: gave up after %d attempts over %v: %s", e.Attempts, e.Elapsed.Round(time.Millisecond), err)
+	case e.Reason != "" && e.Reason != ReasonAttempts:
+		return fmt.Sprintf("retryhttp: not retried (%s): %s", e.Reason, err)
+	case e.Final != "":
+		return fmt.Sprintf("retryhttp: not retried (%s): %s", e.Final, err)
 	}
-	return fmt.Sprintf("%s %s: gave up after %d %s over %v: %s",
-		e.Method, e.URL, e.Attempts, tries, e.Elapsed.Round(time.Millisecond), logError(e.Err))
+	return "retryhttp: " + err
 }
 
 // Unwrap returns the last try's error.
 func (e *RetryError) Unwrap() error { return e.Err }
 
-func (c *call) fail(n int, err error) error {
-	return &RetryError{
+// fail makes the error of a call whose try n ended in err, not retried for
+// reason (empty: the error is not worth a retry, or retries are off).
+func (c *call) fail(n int, err error, reason Reason) error {
+	e := &RetryError{
 		Method:   methodOf(c.req),
 		URL:      redactedURL(c.req),
 		Attempts: n,
 		Elapsed:  c.t.clock.Now().Sub(c.start),
+		Reason:   reason,
 		Err:      err,
 	}
+	if reason == "" {
+		e.Final = finalKind(c, err)
+	}
+	return e
 }
 
-// report calls the OnRetry hook (reason empty) or the OnGiveUp hook, and
-// logs one line.
-func (c *call) report(a *answer, delay time.Duration, reason Reason) {
-	t := c.t
-	status := 0
-	if a.resp != nil {
-		status = a.resp.StatusCode
+// finalKind names why an error was not worth a retry, for RetryError.
+func finalKind(c *call, err error) string {
+	var dns *net.DNSError
+	switch {
+	case c.maxAttempts == 1:
+		return "retries off"
+	case c.ctx.Err() != nil:
+		return "the request's context ended"
+	case ownRefusal(err):
+		return ""
+	case certificateError(err):
+		return "certificate error"
+	case malformedAddress(err):
+		return "malformed address"
+	case errors.As(err, &dns) && dns.IsNotFound:
+		return "the name does not resolve"
+	case transientError(c.ctx, err):
+		return ""
 	}
+	return "not an error a retry cures"
+}
+
+// notify calls the OnRetry hooks (reason empty) or the OnGiveUp hooks.
+func (c *call) notify(a *answer, delay time.Duration, reason Reason) {
+	t := c.t
 	hooks := t.onRetry
 	if reason != "" {
 		hooks = t.onGiveUp
 	}
-	if len(hooks) > 0 {
-		ev := RetryEvent{Request: c.req, Attempt: a.n, Delay: delay, Status: status, Err: a.err, Key: c.key, Reason: reason}
-		for _, hook := range hooks {
-			hook(ev)
-		}
-	}
-	if t.logger == nil {
+	if len(hooks) == 0 {
 		return
 	}
+	ev := RetryEvent{Request: c.req, Attempt: a.n, Delay: delay, Status: statusOf(a.resp), Err: a.err, Key: c.key, Reason: reason}
+	for _, hook := range hooks {
+		hook(ev)
+	}
+}
+
+func statusOf(resp *http.Response) int {
+	if resp == nil {
+		return 0
+	}
+	return resp.StatusCode
+}
+
+// logRetry writes the line of a retry, as its wait starts: the attempt it
+// is to be ("2 of 3"), what the last one got, and the wait planned, in
+// seconds (the pace or a parking may add to it).
+func (c *call) logRetry(a *answer, wait time.Duration) {
+	if c.t.logger == nil {
+		return
+	}
+	attrs := c.logAttrs(a, a.n+1)
+	attrs = append(attrs, slog.Float64("wait", seconds(wait)))
+	c.t.logger.LogAttrs(c.ctx, slog.LevelInfo, "retryhttp: retrying", attrs...)
+}
+
+// logGiveUp writes the line of a failure handed back although it was worth
+// a retry, and why.
+func (c *call) logGiveUp(a *answer, reason Reason) {
+	if c.t.logger == nil {
+		return
+	}
+	attrs := append(c.logAttrs(a, a.n), slog.String("reason", string(reason)))
+	level := slog.LevelInfo
+	if reason == ReasonBudget {
+		level = slog.LevelWarn
+	}
+	c.t.logger.LogAttrs(c.ctx, level, "retryhttp: not retrying", attrs...)
+}
+
+// logAttrs are what every line says of a request and its last try: the
+// request by method, host and path (never the query), the attempt as "n of
+// max", and the status or error the last try got.
+func (c *call) logAttrs(a *answer, attempt int) []slog.Attr {
 	attrs := make([]slog.Attr, 0, 8)
 	attrs = append(attrs,
 		slog.String("method", methodOf(c.req)),
 		slog.String("host", c.hostName()),
 		slog.String("path", pathOf(c.req)),
-		slog.Int("attempt", a.n))
-	if status != 0 {
+		slog.String("attempt", strconv.Itoa(attempt)+" of "+strconv.Itoa(c.maxAttempts)))
+	if status := statusOf(a.resp); status != 0 {
 		attrs = append(attrs, slog.Int("status", status))
 	}
 	if a.err != nil {
 		attrs = append(attrs, slog.String("error", logError(a.err)))
 	}
-	if reason == "" {
-		attrs = append(attrs, slog.Duration("wait", delay))
-		t.logger.LogAttrs(c.ctx, slog.LevelInfo, "retryhttp: retrying", attrs...)
-		return
-	}
-	attrs = append(attrs, slog.String("reason", string(reason)))
-	level := slog.LevelInfo
-	if reason == ReasonBudget {
-		level = slog.LevelWarn
-	}
-	t.logger.LogAttrs(c.ctx, level, "retryhttp: not retrying", attrs...)
+	return attrs
 }
+
+// seconds is a wait as log lines give it: seconds, to the millisecond.
+func seconds(d time.Duration) float64 { return math.Round(d.Seconds()*1000) / 1000 }
 
 // reportHedge tells the OnRetry hooks and the log of a hedge, sent beside
 // the first attempt that has not answered after delay.
@@ -153,12 +223,15 @@ func (c *call) reportHedge(delay time.Duration) {
 	if t.logger != nil {
 		t.logger.LogAttrs(c.ctx, slog.LevelInfo, "retryhttp: hedging",
 			slog.String("method", methodOf(c.req)), slog.String("host", c.hostName()),
-			slog.String("path", pathOf(c.req)), slog.Duration("after", delay))
+			slog.String("path", pathOf(c.req)), slog.Float64("after", seconds(delay)))
 	}
 }
 
 // giveUp reports a failure handed back although it was worth a retry.
-func (c *call) giveUp(a *answer, reason Reason) { c.report(a, 0, reason) }
+func (c *call) giveUp(a *answer, reason Reason) {
+	c.notify(a, 0, reason)
+	c.logGiveUp(a, reason)
+}
 
 // Logs and errors name a request by method, scheme, host and path only:
 // queries carry tokens, and user info carries passwords.
@@ -174,7 +247,10 @@ func pathOf(req *http.Request) string {
 	if req.URL == nil {
 		return ""
 	}
-	return req.URL.EscapedPath()
+	if p := req.URL.EscapedPath(); p != "" {
+		return p
+	}
+	return "/" // what net/http sends for an empty path
 }
 
 func redactedURL(req *http.Request) string {

@@ -185,15 +185,15 @@ func (c *call) run() (*http.Response, error) {
 			} else {
 				c.paidFor() // not worth another try: the retry got its answer
 			}
-			return c.finish(n, a.resp, a.err)
+			return c.finish(n, a.resp, a.err, v.reason)
 		}
 		next, reason, ferr := c.retry(&a, v)
 		switch {
 		case ferr != nil:
-			return nil, c.fail(n, ferr)
+			return nil, c.fail(n, ferr, "")
 		case reason != "":
 			c.giveUp(&a, reason)
-			return c.finish(n, a.resp, a.err)
+			return c.finish(n, a.resp, a.err, reason)
 		}
 		areq = next
 	}
@@ -286,10 +286,12 @@ func (c *call) retry(a *answer, v verdict) (next *http.Request, reason Reason, e
 			return nil, reason, nil
 		}
 		drain(a.resp)
-		c.report(a, 0, "")
+		c.logRetry(a, 0)
+		c.notify(a, 0, "")
 		c.adm = admission{at: a.now}
 		return next, "", nil
 	}
+	c.logRetry(a, v.delay)
 	held := hold(a.resp)
 	if werr := t.clock.Sleep(c.ctx, v.delay); werr != nil {
 		held.discard()
@@ -331,7 +333,7 @@ func (c *call) retry(a *answer, v verdict) (next *http.Request, reason Reason, e
 	if c.replay != nil {
 		waited += now.Sub(woke) // and the base letting go of the body
 	}
-	c.report(a, waited, "")
+	c.notify(a, waited, "")
 	return next, "", nil
 }
 
@@ -440,10 +442,10 @@ func (c *call) rewind(n int) (*http.Request, Reason) {
 	return r, ""
 }
 
-// finish returns the outcome of the last try.
-func (c *call) finish(n int, resp *http.Response, err error) (*http.Response, error) {
+// finish returns the outcome of the last try, not retried for reason.
+func (c *call) finish(n int, resp *http.Response, err error, reason Reason) (*http.Response, error) {
 	if err != nil {
-		return nil, c.fail(n, err)
+		return nil, c.fail(n, err, reason)
 	}
 	return resp, nil
 }

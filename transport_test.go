@@ -667,7 +667,7 @@ func TestReporting(t *testing.T) {
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("%v does not unwrap to ECONNREFUSED", err)
 	}
-	want := regexp.MustCompile(`^GET http://` + regexp.QuoteMeta(closed) + `/v1/x: gave up after 3 attempts over \S+: .*connection refused$`)
+	want := regexp.MustCompile(`^retryhttp: gave up after 3 attempts over \S+: .*connection refused$`)
 	if !want.MatchString(err.Error()) {
 		t.Errorf("error text %q does not match %v", err, want)
 	}
@@ -686,7 +686,7 @@ func TestReporting(t *testing.T) {
 			t.Errorf("log line %q lacks %q", lines[2], field)
 		}
 	}
-	for _, field := range []string{"method=GET", "host=" + closed, "path=/v1/x", "attempt=1", "wait=", "connection refused"} {
+	for _, field := range []string{"method=GET", "host=" + closed, "path=/v1/x", `attempt="2 of 3"`, "wait=0.001", "connection refused"} {
 		if !strings.Contains(lines[0], field) {
 			t.Errorf("log line %q lacks %q", lines[0], field)
 		}

@@ -13,12 +13,12 @@ func TestRun(t *testing.T) {
 	}
 	got := out.String()
 	for _, want := range []string{
-		"GET /flaky\n  hook: try 1 got 503, retrying\n",
+		"  hook: try 1 got 503, retrying\n",
 		"hook: try 2 got 503, retrying",
 		`msg="retryhttp: retrying" method=GET`,
-		"path=/flaky attempt=2 status=503 wait=",
+		`path=/flaky attempt="3 of 4" status=503 wait=`,
 		"=> 200 OK after 3 request(s)\n",
-		"path=/limited attempt=1 status=429 wait=1s\n",
+		`path=/limited attempt="2 of 4" status=429 wait=1` + "\n",
 		"=> 200 OK after 2 request(s), 1 s of it waiting as the server asked\n",
 		"GET /missing\n  => 404 Not Found after 1 request(s)\n",
 		"POST /orders\n  hook: try 1 got 503, not retried: not idempotent\n",
