@@ -244,7 +244,7 @@ func TestErrorsSayWhy(t *testing.T) {
 	}
 	logMu.Lock()
 	defer logMu.Unlock()
-	for _, want := range []string{`"path":"/"`, `"wait":0.001`, `"attempt":"2 of 3"`} {
+	for _, want := range []string{`"path":"/"`, `"wait":0`, `"attempt":"2 of 3"`} {
 		if !strings.Contains(logs.String(), want) {
 			t.Errorf("the log lacks %s:\n%s", want, logs.String())
 		}

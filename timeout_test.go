@@ -111,8 +111,11 @@ func TestSlowTails(t *testing.T) {
 			return ""
 		}},
 		{"WithAttemptTimeout(200ms)", []Option{WithAttemptTimeout(200 * time.Millisecond)}, func(r tailRun) string {
-			if r.served != 600 || r.slowest > 500*time.Millisecond {
-				return "want every page, none slower than 500 ms"
+			// A page whose three tries all land on a twentieth request is
+			// lost: one in 400 of the 30 held first tries, so one page in
+			// about 13 runs.
+			if r.served < 599 || r.slowest > 500*time.Millisecond {
+				return "want every page (but for a page whose every try is held), none slower than 500 ms"
 			}
 			return ""
 		}},

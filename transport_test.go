@@ -686,7 +686,7 @@ func TestReporting(t *testing.T) {
 			t.Errorf("log line %q lacks %q", lines[2], field)
 		}
 	}
-	for _, field := range []string{"method=GET", "host=" + closed, "path=/v1/x", `attempt="2 of 3"`, "wait=0.001", "connection refused"} {
+	for _, field := range []string{"method=GET", "host=" + closed, "path=/v1/x", `attempt="2 of 3"`, "wait=0", "connection refused"} {
 		if !strings.Contains(lines[0], field) {
 			t.Errorf("log line %q lacks %q", lines[0], field)
 		}
