@@ -127,13 +127,15 @@ func (c *call) hedge(req *http.Request, delay time.Duration, done chan *hedgeTry
 }
 
 // launch runs tr's attempt on a goroutine of its own, which ends with it.
-// A hedge is admitted there first.
+// A hedge is admitted there first. The goroutine takes copies of what it
+// needs of the call, which stays on its own goroutine's stack.
 func (c *call) launch(req *http.Request, tr *hedgeTry, done chan *hedgeTry) *hedgeTry {
 	ctx, cancel := context.WithCancel(req.Context())
 	tr.cancel = cancel
+	t, host, timeout, callerCtx := c.t, c.hostName(), c.attemptTimeout, c.ctx
 	go func() {
 		if tr.hedge {
-			adm, err := c.t.admit(ctx, c.hostName(), c.t.clock.Now())
+			adm, err := t.admit(ctx, host, t.clock.Now())
 			if err != nil {
 				tr.mu.Lock()
 				defer tr.mu.Unlock()
@@ -145,11 +147,14 @@ func (c *call) launch(req *http.Request, tr *hedgeTry, done chan *hedgeTry) *hed
 			}
 			tr.adm = adm
 		}
-		resp, err := c.send(req.WithContext(ctx), tr.n, tr.adm.at)
+		if t.budget == nil && !t.noLearning {
+			t.sent.add(tr.adm.at)
+		}
+		resp, err := t.attempt(req.WithContext(ctx), tr.n, timeout)
 		tr.mu.Lock()
 		defer tr.mu.Unlock()
 		if tr.lost {
-			c.cleanUp(tr.adm, resp)
+			t.cleanUp(callerCtx, host, tr.adm, resp)
 			cancel()
 			return
 		}
@@ -175,7 +180,7 @@ func (c *call) abandon(tries []*hedgeTry, winner *hedgeTry, done chan *hedgeTry)
 		select {
 		case tr := <-done:
 			if tr.admitErr == nil {
-				c.cleanUp(tr.adm, tr.resp)
+				c.t.cleanUp(c.ctx, c.hostName(), tr.adm, tr.resp)
 			}
 		default:
 			if winner.resp != nil {
@@ -190,9 +195,9 @@ func (c *call) abandon(tries []*hedgeTry, winner *hedgeTry, done chan *hedgeTry)
 
 // cleanUp closes a lost attempt's answer and gives its ticket back: it
 // says nothing of the host, which was not let finish.
-func (c *call) cleanUp(adm admission, resp *http.Response) {
+func (t *Transport) cleanUp(ctx context.Context, host string, adm admission, resp *http.Response) {
 	if resp != nil {
 		resp.Body.Close()
 	}
-	c.t.giveBack(context.WithoutCancel(c.ctx), c.hostName(), adm)
+	t.giveBack(context.WithoutCancel(ctx), host, adm)
 }

@@ -48,10 +48,10 @@ var errAttemptTimeout = errors.New("retryhttp: attempt timeout")
 
 // timedRoundTrip makes attempt n through the base under the attempt
 // timeout d.
-func (c *call) timedRoundTrip(req *http.Request, n int, d time.Duration) (*http.Response, error) {
+func (t *Transport) timedRoundTrip(req *http.Request, n int, d time.Duration) (*http.Response, error) {
 	ctx, cancel := context.WithCancelCause(req.Context())
 	timer := time.AfterFunc(d, func() { cancel(errAttemptTimeout) })
-	resp, err := c.roundTrip(req.WithContext(ctx))
+	resp, err := t.roundTrip(req.WithContext(ctx))
 	if !timer.Stop() || context.Cause(ctx) == errAttemptTimeout {
 		// Timed out, or the headers came just as it did: the context is
 		// gone, and the body with it.

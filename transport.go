@@ -218,16 +218,21 @@ func (c *call) send(req *http.Request, n int, now time.Time) (*http.Response, er
 	if t.budget == nil && !t.noLearning {
 		t.sent.add(now) // the budget counts first tries otherwise: see sentLastSecond
 	}
-	if c.attemptTimeout > 0 {
-		return c.timedRoundTrip(req, n, c.attemptTimeout)
+	return t.attempt(req, n, c.attemptTimeout)
+}
+
+// attempt is attempt n through the base, under the attempt timeout when
+// there is one.
+func (t *Transport) attempt(req *http.Request, n int, timeout time.Duration) (*http.Response, error) {
+	if timeout > 0 {
+		return t.timedRoundTrip(req, n, timeout)
 	}
-	return c.roundTrip(req)
+	return t.roundTrip(req)
 }
 
 // roundTrip is one attempt through the base, held to the RoundTripper
 // contract.
-func (c *call) roundTrip(req *http.Request) (*http.Response, error) {
-	t := c.t
+func (t *Transport) roundTrip(req *http.Request) (*http.Response, error) {
 	var (
 		resp *http.Response
 		err  error
