@@ -45,8 +45,8 @@ func (s *statusSet) has(code int) bool {
 //   - A 403 that refuses for a quota, as GitHub sends its rate limits: a wait
 //     of a second or more, or a spent quota with its reset. It is a 429 in
 //     another dialect, retried when 429 is, and, like a 429, proves the
-//     server did not act. A 403 that names no such wait is final; so is seed
-//     000's "Retry-After: 0", a template's zero on a rejection that is
+//     server did not act. A 403 that names no such wait is final; so is a
+//     403 with "Retry-After: 0", a template's zero on a rejection that is
 //     permanent for the client.
 
 // shouldRetryHeader reads X-Should-Retry: said is false when it is absent or

@@ -37,7 +37,8 @@ type policyKey struct{}
 //	resp, err := client.Do(req.WithContext(ctx))
 //
 // The policy applies to every request made with the context through a
-// Transport of this package (only the outermost one retries; R11).
+// Transport of this package (only the outermost one retries, when
+// Transports are nested).
 // Pacing and parking apply whatever the policy: they are the host's due,
 // not the request's.
 func ContextWithPolicy(ctx context.Context, opts ...PolicyOption) context.Context {

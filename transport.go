@@ -258,7 +258,7 @@ func (t *Transport) roundTrip(req *http.Request) (*http.Response, error) {
 // host's admission, reports the retry and returns the request for the next
 // try. When the retry cannot happen after all, it returns why, with a.resp
 // still whole for the caller; err is set only when the context ended the
-// wait (R9: the response is closed then).
+// wait (the response is closed then).
 func (c *call) retry(a *answer, v verdict) (next *http.Request, reason Reason, err error) {
 	t := c.t
 	// A retry the server scheduled (it named the wait) is not a storm: the

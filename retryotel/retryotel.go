@@ -43,6 +43,7 @@ const (
 	EventRetry  = "retryhttp.retry"   // a failed try, and the retry that follows
 	EventGiveUp = "retryhttp.give_up" // a failed try worth a retry, handed back
 	EventPark   = "retryhttp.park"    // an answer that parked its host
+	EventHedge  = "retryhttp.hedge"   // a hedge, sent beside a first try that had not answered
 )
 
 // The attribute keys of this package; the others are the semantic
@@ -70,6 +71,7 @@ type Instrumentation struct {
 
 	attempts metric.Int64Counter
 	retries  metric.Int64Counter
+	hedges   metric.Int64Counter
 	refusals metric.Int64Counter
 	parkings metric.Int64Counter
 	pace     metric.Float64ObservableGauge
@@ -161,6 +163,8 @@ func New(opts ...Option) *Instrumentation {
 		"Tries sent to the base, first tries and retries, by host and outcome.")
 	i.retries = counter("retryhttp.client.retries", "{retry}",
 		"Retries sent, by host and the outcome of the try that failed.")
+	i.hedges = counter("retryhttp.client.hedges", "{hedge}",
+		"Hedges sent beside a first try that had not answered (retryhttp.WithHedging), by host and method.")
 	i.refusals = counter("retryhttp.client.refusals", "{refusal}",
 		"Failed tries worth a retry that were handed back instead, by host and retryhttp.reason.")
 	i.parkings = counter("retryhttp.client.parkings", "{parking}",
@@ -190,8 +194,24 @@ func (i *Instrumentation) Options() []retryhttp.Option {
 }
 
 func (i *Instrumentation) onRetry(ev retryhttp.RetryEvent) {
+	if ev.Hedge {
+		i.hedged(ev)
+		return
+	}
 	// The wait is no metric attribute: its values have no bound.
 	i.failed(ev, i.retries, EventRetry, WaitKey.Float64(ev.Delay.Seconds()), false)
+}
+
+// hedged reports a hedge: counted by host and method, and told on the
+// caller's span with the attempt it hedged and how long that had waited.
+func (i *Instrumentation) hedged(ev retryhttp.RetryEvent) {
+	req := ev.Request
+	ctx := req.Context()
+	attrs := append(i.hosts.see(hostOf(req.URL)), methodAttr(req))
+	i.hedges.Add(ctx, 1, metric.WithAttributes(attrs...))
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.AddEvent(EventHedge, trace.WithAttributes(AttemptKey.Int(ev.Attempt), WaitKey.Float64(ev.Delay.Seconds())))
+	}
 }
 
 func (i *Instrumentation) onGiveUp(ev retryhttp.RetryEvent) {

@@ -2,6 +2,7 @@ package retryotel
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -610,5 +611,51 @@ func TestCloseIdleConnectionsReachesBase(t *testing.T) {
 	r.transport(next).CloseIdleConnections()
 	if !next.closed.Load() {
 		t.Error("CloseIdleConnections did not reach the base")
+	}
+}
+
+// A hedge is counted as one, and told on the caller's span, with the
+// attempt it hedged and how long that had waited; its attempt's span
+// carries resend count 1.
+func TestHedges(t *testing.T) {
+	r := newRig(t)
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if n.Add(1) == 1 {
+			select { // the first try hangs until the hedge wins
+			case <-req.Context().Done():
+			case <-time.After(5 * time.Second):
+			}
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	t.Cleanup(srv.Close)
+	tr := r.transport(nil, retryhttp.WithHedging(20*time.Millisecond))
+	ctx, caller := r.tp.Tracer("test").Start(context.Background(), "caller")
+	resp, err := do(t, ctx, tr, srv.URL+"/h")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%v %v", resp, err)
+	}
+	caller.End()
+	rm := r.collect(t)
+	if got := total(sums(t, rm, "retryhttp.client.hedges"), hostAttrs(t, srv)...); got != 1 {
+		t.Errorf("%d hedges counted, want 1", got)
+	}
+	var events []string
+	for _, s := range r.rec.Ended() {
+		if s.Name() != "caller" {
+			continue
+		}
+		for _, e := range s.Events() {
+			if e.Name == EventHedge {
+				a, _ := attr(e.Attributes, AttemptKey)
+				w, _ := attr(e.Attributes, WaitKey)
+				events = append(events, fmt.Sprintf("attempt %d after %.3fs", a.AsInt64(), w.AsFloat64()))
+			}
+		}
+	}
+	if len(events) != 1 || events[0] != "attempt 1 after 0.020s" {
+		t.Errorf("hedge events on the caller's span: %v", events)
 	}
 }
