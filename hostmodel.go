@@ -43,10 +43,14 @@ import (
 //
 //	fail      Healthy → Failing             a failure that load does not explain
 //	overload  Healthy, Failing → Overloaded a refusal that load explains (below)
-//	exonerate Overloaded → Failing          a cut that bound did not lower the refusals
+//	checkCut  Overloaded → Failing          a cut that bound did not move the share
+//	                                        refused: chance, not load (a host paced
+//	                                        before keeps the pace the cut gave it)
 //	fall      any → Down                    only failures for downAfter, downFailures
 //	                                        of them or more (at once when no
-//	                                        connection could be made)
+//	                                        connection could be made), in a run
+//	                                        the share it failed before makes
+//	                                        unlikely (see unlikely)
 //	recover   Down → Recovering             an answer gets through (the probe's)
 //	settle    Overloaded, Recovering → Healthy  the pace holds nothing back
 //	forget    any → Healthy                 nothing heard of the host for forgetAfter,
@@ -58,7 +62,9 @@ import (
 // host refused more than it accepted of what it was sent in the last
 // second (Google SRE's client-side throttling: requests beyond twice the
 // accepts) while more than one attempt was in flight: nothing sent one at a
-// time overloads anything. A host that announces its quota (X-RateLimit-*,
+// time overloads anything. Once a cut has shown that the host refuses a
+// share whatever the load, only refusals beyond that share are load. A
+// host that announces its quota (X-RateLimit-*,
 // RateLimit-*) says what it accepts: it is held to what it says remains,
 // until its reset (see quota).
 
@@ -79,6 +85,18 @@ const (
 	// thousand runs. (A burst refused at once is not such a run: an
 	// overloaded host refuses one.)
 	downRun = 10
+	// unlikely is how rare a run of failures must be, for the share of
+	// answers the host failed before it, to make the host down: one in a
+	// million. Taking a host that fails at random for down hands back
+	// every request for a while, so the run must be one that its failures
+	// make a few times a day at a thousand requests a second, with room
+	// for the share to read low. A host that failed nothing needs
+	// downFailures; one that fails 30% of its answers, 12; 60%, 28.
+	unlikely = 1e-6
+	// failMemory is how many answers the share of failures remembers (an
+	// exponentially weighted mean): enough to read 80% within a tenth,
+	// few enough that a host which got better is seen to within seconds.
+	failMemory = 50
 	// probeEvery is how often a down host is tried: its return is seen
 	// within half a second, and a dead address costs two connection
 	// attempts a second whatever the callers ask.
@@ -292,6 +310,7 @@ type hostModel struct {
 	since       time.Time
 	seen        time.Time // last asked or answered
 	lastTrouble time.Time // last refusal or failure
+	lastLoad    time.Time // last refusal that load explained
 
 	// What went out and came back.
 	inflight     int    // attempts with a ticket, sent and not answered
@@ -303,6 +322,7 @@ type hostModel struct {
 	answered     time.Time  // when the last answer came, and when it was sent
 	answeredSent time.Time
 	held         bool    // it served an attempt of ours while it refused others
+	exShare      float64 // the share it refused after cuts that did not lower it
 	timing       bool    // its latencies are kept, for a Transport that hedges
 	ghosts       float64 // attempts sent before the record, still on their way, at most (while fresh)
 	latencies    latencies
@@ -316,6 +336,10 @@ type hostModel struct {
 	together    bool   // some failure of the run was of an attempt sent while another was on its way
 	lastFailure string
 	rateBefore  float64 // what the host accepted in the second before the run
+	ctlBefore   control // how it was held before the run
+	failShare   float64 // the share of its answers that failed, over about failMemory
+	tallied     int     // answers in failShare, up to failMemory
+	shareBefore float64 // failShare before the run
 
 	ctl  control
 	down outage
@@ -343,8 +367,12 @@ type control struct {
 	beforeCeil float64
 	acked      int // accepted answers since the limit last grew
 	cutAt      time.Time
-	cutShare   float64 // the share refused in the second before the cut
-	cutBound   bool    // the pace bound since the cut
+	cutBefore  [2]float64 // the answers before the cut, and the refusals among them
+	lowered    [2]float64 // the answers since a cut that lowered the share refused, and the refusals
+	cutBound   bool       // the pace bound since the cut
+	cutAnswers float64    // answers to attempts sent since the cut, and the refusals among them
+	cutRefused float64
+	cutFrom    float64 // the pace before the cut; 0: none
 	slotFreed  chan struct{}
 }
 
@@ -353,6 +381,7 @@ type outage struct {
 	next       time.Time // the next probe
 	turnedAway sliding   // what the callers asked while it was down
 	oldRate    float64   // what it accepted before its run of failures
+	oldCtl     control   // how it was held before the run
 }
 
 // admitDown lets a probe go once every probeEvery, and hands every other
@@ -588,7 +617,7 @@ func (c *control) slot() <-chan struct{} {
 func (m *hostModel) answer(sig *Signal, l *localLimiter, host string) {
 	now := sig.Now
 	tracked, load := m.release(sig.Ticket)
-	if !tracked && !sig.Canceled {
+	if !tracked && !sig.Canceled && (sig.Status != 0 || sig.Failed) {
 		m.ghosts = max(m.ghosts-1, 0)
 	}
 	if sig.Limit > 0 {
@@ -611,6 +640,12 @@ func (m *hostModel) answer(sig *Signal, l *localLimiter, host string) {
 	case accepted, served:
 		m.accepts.add(now, 1)
 	}
+	if c := &m.ctl; !c.cutAt.IsZero() && sentAt.After(c.cutAt) && !sig.limits() && o != failed {
+		c.cutAnswers++
+		if o == refused {
+			c.cutRefused++
+		}
+	}
 	if tracked && sig.Latency > 0 && o == accepted {
 		m.latencies.add(sig.Latency)
 	}
@@ -626,6 +661,7 @@ func (m *hostModel) answer(sig *Signal, l *localLimiter, host string) {
 			m.held = true
 		}
 		m.streak = 0
+		m.tally(false)
 		if m.state == HostDown {
 			m.recover(l, host, now)
 		}
@@ -641,6 +677,9 @@ func (m *hostModel) answer(sig *Signal, l *localLimiter, host string) {
 		if m.state == HostDown {
 			break
 		}
+		if !sig.limits() {
+			m.tally(true)
+		}
 		if m.explained(sig, overlapped) {
 			m.overload(l, host, sig, tracked, load, overlapped)
 		} else {
@@ -650,6 +689,7 @@ func (m *hostModel) answer(sig *Signal, l *localLimiter, host string) {
 		m.lastTrouble = now
 		m.failure(sig, overlapped)
 		if m.state != HostDown {
+			m.tally(true)
 			m.fail(now)
 		}
 	}
@@ -685,6 +725,10 @@ func (m *hostModel) failure(sig *Signal, overlapped bool) {
 		if m.fresh(sig.Now) {
 			m.rateBefore = max(m.rateBefore, sig.Sent)
 		}
+		// What the run does to the pace is not what the host took: the
+		// run may be an outage's first seconds, taken for overload.
+		m.shareBefore, m.ctlBefore = m.failShare, m.ctl
+		m.ctlBefore.slotFreed = nil
 	}
 	m.streak++
 	m.reachable = m.reachable || !sig.Unreachable
@@ -698,17 +742,45 @@ func (m *hostModel) failure(sig *Signal, overlapped bool) {
 // all, or over downAfter; downRun when each was sent after the last was
 // answered.
 func (m *hostModel) falls(now time.Time) bool {
-	if m.streak < downFailures || m.older > 0 {
+	need := m.runNeeded()
+	if m.streak < need || m.older > 0 {
 		return false
 	}
 	span := now.Sub(m.streakFrom)
-	return !m.reachable || span >= downAfter || (m.streak >= downRun && !m.together && span > 0)
+	return !m.reachable || span >= downAfter || (m.streak >= max(downRun, need) && !m.together && span > 0)
+}
+
+// runNeeded is the shortest run of failures that makes the host down: a
+// run its share of failures before the run makes unlikely.
+func (m *hostModel) runNeeded() int {
+	f := m.shareBefore
+	if f <= 0 {
+		return downFailures
+	}
+	if f >= 1-1/float64(failMemory) {
+		f = 1 - 1/float64(failMemory) // it failed all it remembers: one run of the memory's length
+	}
+	return max(downFailures, int(math.Ceil(math.Log(unlikely)/math.Log(f))))
+}
+
+// tally adds an answer to the share of answers that failed.
+func (m *hostModel) tally(failed bool) {
+	x := 0.0
+	if failed {
+		x = 1
+	}
+	// The mean of the answers so far, until there are failMemory of them:
+	// a share that starts at 0 would read a host failing from its first
+	// answers as one that fails little.
+	m.tallied = min(m.tallied+1, failMemory)
+	m.failShare += (x - m.failShare) / float64(m.tallied)
 }
 
 // fall: any → Down. The host is handed back at once but for its probes,
 // one every probeEvery; requests waiting for a slot in flight learn of it.
 func (m *hostModel) fall(l *localLimiter, host string, now time.Time) {
-	m.down = outage{next: now.Add(probeEvery), oldRate: m.rateBefore}
+	m.down = outage{next: now.Add(probeEvery), oldRate: m.rateBefore, oldCtl: m.ctlBefore}
+	m.failShare = m.shareBefore // what the host failed before it was down
 	m.setState(HostDown, now)
 	m.ctl.wake()
 	l.log(host, "retryhttp: host down", slog.String("since", m.streakFrom.UTC().Format(time.RFC3339Nano)),
@@ -723,10 +795,10 @@ func (m *hostModel) recover(l *localLimiter, host string, now time.Time) {
 	if asked := m.down.turnedAway.lastSecond(now); asked > 0 && (r == 0 || asked < r) {
 		r = asked
 	}
+	was := m.down.oldCtl
 	m.down = outage{}
 	m.streak = 0
-	was := m.ctl
-	m.ctl = control{slotFreed: was.slotFreed}
+	m.ctl = control{slotFreed: m.ctl.slotFreed, step: probeStep}
 	if was.rate > 0 || was.limit > 0 {
 		m.ctl.rate, m.ctl.limit, m.ctl.ceil = was.rate, was.limit, was.ceil
 	} else {
@@ -744,11 +816,14 @@ func (m *hostModel) recover(l *localLimiter, host string, now time.Time) {
 // a burst.
 func (m *hostModel) explained(sig *Signal, overlapped bool) bool {
 	now := sig.Now
-	if sig.limits() || m.state == HostOverloaded || m.state == HostRecovering {
+	if sig.limits() || m.state == HostOverloaded {
 		return true
 	}
+	// A host that refuses a share at random whatever the load (exShare,
+	// once cuts showed that) accepts the rest of what it is sent: it is
+	// overloaded when it accepts less than 1/overloadRatio of that.
 	sent := m.sentLastSecond(sig)
-	return overlapped && sent > overloadRatio*(sent-m.refusals.lastSecond(now))
+	return overlapped && (1-m.exShare)*sent > overloadRatio*(sent-m.refusals.lastSecond(now))
 }
 
 // sentLastSecond is what the host got in the last second: what was counted
@@ -768,6 +843,8 @@ func (m *hostModel) sentLastSecond(sig *Signal) float64 {
 // lower the pace further, to what it shows was accepted.
 func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked bool, load int, overlapped bool) {
 	now, c := sig.Now, &m.ctl
+	lastLoad := m.lastLoad
+	m.lastLoad = now
 	// What the host accepted in the last second: the answers that said
 	// so, or, for a burst whose accepted answers came before the host had
 	// a record, what it got less what it refused.
@@ -786,7 +863,7 @@ func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked 
 	case c.limit > 0 && load <= 1:
 		// Refused with nothing else in flight: no limit in flight
 		// explains that, a rate does.
-		c.limit, c.burstCut, c.cutAt, c.ceil = 0, false, time.Time{}, c.beforeCeil
+		c.limit, c.burstCut, c.ceil = 0, false, c.beforeCeil
 		if c.before > 0 {
 			m.setRate(l, host, c.before, now)
 			c.holdUntil, c.grownAt, c.nearAt = now.Add(holdTime), now, now
@@ -808,20 +885,37 @@ func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked 
 		}
 		return
 	case c.rate > 0 && c.rate <= nearShare*c.ceil && m.noise(now, sent):
+		m.lastLoad = lastLoad
 		return // a lone refusal, among many accepted, at a pace the host took before
+	case c.rate > 0 && m.exShare > 0 && !m.beyondChance(now):
+		m.lastLoad = lastLoad
+		return // refusals at the share it refuses whatever the load
+	}
+	switch m.checkCut(now, now.Sub(c.busyAt) < holdTime, holdTime) {
+	case undecided:
+		m.lastLoad = lastLoad
+		return // too few answers since the last cut to tell whether it helped
+	case byChance:
+		return // the cut a hold ago did not move the share it refuses
 	}
 	m.cutRate(l, host, now, accepted, sent, m.fresh(now), overlapped)
-	if sig.limits() || c.cutShare < 1.0/overloadRatio {
-		// The host said it limits the rate, or the cut is of a pace it
-		// refused a little: nothing to check. A cut of a host that refused
-		// most of what it got, naming no limit, is checked (exonerated).
-		c.cutAt = time.Time{}
+	if sig.limits() {
+		c.cutAt = time.Time{} // the host said it limits the rate: nothing to check
 	}
 }
 
 // fresh reports whether the record is a hold old or less: what it hears
 // of is still the burst that made it.
 func (m *hostModel) fresh(now time.Time) bool { return now.Sub(m.since) < holdTime }
+
+// beyondChance reports refusals in the last second more than the share
+// the host refuses whatever the load (exShare) makes likely: over two
+// standard deviations, and one, above it.
+func (m *hostModel) beyondChance(now time.Time) bool {
+	r := m.refusals.lastSecond(now)
+	n, f := r+m.accepts.lastSecond(now), m.exShare
+	return r > f*n+2*math.Sqrt(n*f*(1-f))+1
+}
 
 // noise reports refusals too few to say the pace is too fast: one in a
 // second, among more than overloadRatio times as many sent.
@@ -850,8 +944,25 @@ func (m *hostModel) cutRate(l *localLimiter, host string, now time.Time, accepte
 		c.guess = m.okLoad.max(now) // the most it took at once lately
 	}
 	c.step, c.holdUntil, c.grownAt, c.nearAt = probeStep, now.Add(holdTime), now, time.Time{}
-	c.cutAt, c.cutShare, c.cutBound = now, m.refusals.lastSecond(now)/max(sent, 1), false
+	if c.cutAt.IsZero() {
+		// The first of a run of cuts is checked: did they lower the share
+		// refused (exonerated)?
+		c.cutAt, c.cutBound, c.cutAnswers, c.cutRefused, c.cutFrom = now, false, 0, 0, c.rate
+		c.cutBefore = c.lowered
+		if c.cutBefore[0] == 0 {
+			r := m.refusals.lastSecond(now)
+			c.cutBefore = [2]float64{max(r+m.accepts.lastSecond(now), 1), r}
+		}
+		c.lowered = [2]float64{}
+	}
 	m.setRate(l, host, max(target, 1/holdTime.Seconds()), now)
+}
+
+// refusedShare is the share of the last second's answers that were
+// refusals.
+func (m *hostModel) refusedShare(now time.Time) float64 {
+	r := m.refusals.lastSecond(now)
+	return r / max(r+m.accepts.lastSecond(now), 1)
 }
 
 // setRate changes the learned pace, and logs a change that matters.
@@ -884,7 +995,7 @@ func (m *hostModel) adjust(l *localLimiter, host string, now time.Time) {
 	}
 	defer func() { c.grownAt = now }()
 	binds := now.Sub(c.busyAt) < holdTime
-	if m.exonerated(now, binds) {
+	if m.checkCut(now, binds, 2*holdTime) == byChance {
 		return
 	}
 	switch {
@@ -900,8 +1011,8 @@ func (m *hostModel) adjust(l *localLimiter, host string, now time.Time) {
 		c.tried, c.before, c.beforeCeil = true, c.rate, c.ceil
 		c.limit, c.rate, c.ceil, c.acked = max(m.inflight, 1), 0, float64(c.guess)+1, 0
 		l.log(host, "retryhttp: trying limit", slog.Int("in_flight", c.guess))
-	case binds && now.Sub(m.lastTrouble) >= holdTime:
-		m.grow(l, host, now)
+	case binds && now.Sub(m.lastLoad) >= holdTime:
+		m.grow(l, host, now) // failures that load does not explain do not hold it back
 	case !binds && now.Sub(m.lastTrouble) >= forgetAfter:
 		// settle: the pace holds nothing back, and nothing went wrong for
 		// long enough that what was learned is stale.
@@ -911,25 +1022,81 @@ func (m *hostModel) adjust(l *localLimiter, host string, now time.Time) {
 	}
 }
 
-// exonerated is the check of a cut of a host that refused most of what it
-// got: if it refused as large a share after a cut that bound as before it,
-// load did not cause the refusals, and the host is failing, not
-// overloaded.
-func (m *hostModel) exonerated(now time.Time, binds bool) bool {
+// cutVerdict is what the answers to attempts sent since a cut say of it.
+type cutVerdict uint8
+
+const (
+	unchecked cutVerdict = iota // no cut awaits its check
+	undecided                   // too few answers since the cut to tell
+	byLoad                      // the share refused fell, or grew: load explains it
+	byChance                    // the share did not move: the host refuses it whatever the load
+)
+
+// checkCut is the check of the last cut, at the next cut or two holds
+// after it. A cut that bound lowered what was sent; had load caused the
+// refusals, the share refused falls; had the cut left the pace past the
+// host's capacity, it rises. A share that does neither (the share since
+// the cut less than two standard errors below the share before it, and
+// not one above; three refusals since at least) is chance: a host that was not paced before is
+// failing, not overloaded, and one that was keeps the pace the cut gave
+// it. Refusals at that share (exShare) are not taken for load again until
+// the record is forgotten. A cut that lowered the share is followed by
+// the next with the share since it as what came before: what remains may
+// be chance.
+func (m *hostModel) checkCut(now time.Time, binds bool, after time.Duration) cutVerdict {
 	c := &m.ctl
-	if c.cutAt.IsZero() || c.limit > 0 || now.Sub(c.cutAt) < 2*holdTime {
-		return false
+	if c.cutAt.IsZero() || c.limit > 0 || now.Sub(c.cutAt) < after {
+		return unchecked
 	}
-	bound := c.cutBound || binds
-	share := m.refusals.lastSecond(now) / max(m.sent.lastSecond(now), 1)
+	n, r := c.cutAnswers, c.cutRefused
+	if !c.cutBound && !binds {
+		c.cutAt = time.Time{}
+		return byLoad
+	}
+	if n < 2*downFailures {
+		return m.undecided(now)
+	}
+	n0, r0 := c.cutBefore[0], c.cutBefore[1]
+	p := (r0 + r) / (n0 + n)
+	se := math.Sqrt(p * (1 - p) * (1/n0 + 1/n))
+	switch d := r0/n0 - r/n; {
+	case d > 2*se:
+		c.cutAt, c.lowered = time.Time{}, [2]float64{n, r}
+		return byLoad
+	case -d > se:
+		// A cut does not raise a share refused at random: the share
+		// before it was that of the first refusals of a pace grown past
+		// the host's capacity, which the cut left past it.
+		c.cutAt = time.Time{}
+		return byLoad
+	case r < downFailures && d < 0:
+		// Too few refusals to tell, at a share above the one before:
+		// taken for load, as a pace past the capacity of a host that
+		// takes a few a second refuses.
+		c.cutAt = time.Time{}
+		return byLoad
+	case r < downFailures:
+		return m.undecided(now)
+	}
 	c.cutAt = time.Time{}
-	if !bound || m.refusals.lastSecond(now) < 2 || share < c.cutShare/2 {
-		return false
+	m.exShare = r / n
+	if c.cutFrom == 0 {
+		m.ctl = control{slotFreed: c.slotFreed}
+		m.setState(HostFailing, now)
+		return byChance
 	}
-	l := m.ctl
-	m.ctl = control{slotFreed: l.slotFreed}
-	m.setState(HostFailing, now)
-	return true
+	c.holdUntil, c.grownAt = now, now
+	return byChance
+}
+
+// undecided: the check of the cut waits for more answers, forgetAfter at
+// most.
+func (m *hostModel) undecided(now time.Time) cutVerdict {
+	if now.Sub(m.ctl.cutAt) >= forgetAfter {
+		m.ctl.cutAt = time.Time{}
+		return byLoad
+	}
+	return undecided
 }
 
 // grow raises a pace or limit that binds: up to just below what the host
@@ -952,6 +1119,7 @@ func (m *hostModel) grow(l *localLimiter, host string, now time.Time) {
 		}
 		return
 	}
+	c.cutAt = time.Time{} // a pace grown since the cut tells nothing of it
 	if m.state == HostRecovering && c.ceil == 0 {
 		m.setRate(l, host, 2*c.rate, now) // nothing refused since it came back
 		return

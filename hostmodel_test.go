@@ -9,6 +9,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"sync"
@@ -169,6 +171,91 @@ func TestHostModelBrokenReplica(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestHostModelRandomFailures: 30 workers against a host that answers a
+// share of its requests 503 at once, at random, whatever the load (30% to
+// 80%). The share a host refuses at random looks like overload to Google
+// SRE's rule at 50% and beyond; the model sees that cuts do not lower it,
+// and the client gets every page that 10 tries get (as learning off does)
+// with as many requests (within 5%), and never takes the host for down.
+func TestHostModelRandomFailures(t *testing.T) {
+	// (At 90%, the host's first 30 answers all fail one time in 25: a host
+	// that never answered is down, whatever it does next.)
+	for _, p := range []float64{0.3, 0.6, 0.8} {
+		t.Run(fmt.Sprint(p), func(t *testing.T) {
+			run := func(learning bool) (served int, requests int64, states []HostState) {
+				synctest.Test(t, func(t *testing.T) {
+					host := &randomHost{rnd: rand.New(rand.NewPCG(1, 2)), p: p}
+					net := newPipeNet(host)
+					defer net.close()
+					var mu sync.Mutex
+					tr := New(WithBase(net.tr), WithLearning(learning), WithBudget(nil), WithMaxAttempts(10))
+					stop := make(chan struct{})
+					watched := make(chan struct{})
+					go func() { // what the model made of the host, every 100 ms
+						defer close(watched)
+						for {
+							select {
+							case <-stop:
+								return
+							case <-time.After(100 * time.Millisecond):
+							}
+							st, _ := tr.HostStatus(context.Background(), "random.test")
+							mu.Lock()
+							if len(states) == 0 || states[len(states)-1] != st.State {
+								states = append(states, st.State)
+							}
+							mu.Unlock()
+						}
+					}()
+					served, _ = pagesAt(t, tr, "http://random.test", 30, 600)
+					close(stop)
+					<-watched
+					requests = host.requests.Load()
+				})
+				return served, requests, states
+			}
+			offServed, offReqs, _ := run(false)
+			served, reqs, states := run(true)
+			t.Logf("%d of 600 pages, %d requests (learning off: %d, %d); states %v", served, reqs, offServed, offReqs, states)
+			// A page is lost when its 10 tries fail: q of them, give or
+			// take 4 standard deviations.
+			q := math.Pow(p, 10)
+			want := int(600*(1-q) - 4*math.Sqrt(600*q*(1-q)))
+			if served < want || served < offServed-int(4*math.Sqrt(2*600*q*(1-q)))-1 {
+				t.Errorf("%d pages, learning off %d: want at least %d, as many as learning off", served, offServed, want)
+			}
+			if float64(reqs) > 1.05*float64(offReqs) || float64(reqs) < 0.95*float64(offReqs) {
+				t.Errorf("%d requests, learning off %d: want within 5%%", reqs, offReqs)
+			}
+			if slices.Contains(states, HostDown) {
+				t.Errorf("states %v: a host that fails at random is not down", states)
+			}
+		})
+	}
+}
+
+// randomHost answers a share p of its requests 503 at once, at random; the
+// others after 20 ms.
+type randomHost struct {
+	mu       sync.Mutex
+	rnd      *rand.Rand
+	p        float64
+	requests atomic.Int64
+}
+
+func (h *randomHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.requests.Add(1)
+	h.mu.Lock()
+	fail := h.rnd.Float64() < h.p
+	h.mu.Unlock()
+	if fail {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	time.Sleep(20 * time.Millisecond)
+	w.Write([]byte("ok"))
 }
 
 // TestHostModelSequentialFlaky: one request at a time to a host whose
