@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/xml"
 	"errors"
 	"fmt"
@@ -323,54 +322,5 @@ func TestRunIsDeterministic(t *testing.T) {
 		if !strings.Contains(out, s) {
 			t.Errorf("output lacks %q:\n%s", s, out)
 		}
-	}
-}
-
-func TestClockOrder(t *testing.T) {
-	c := NewClock()
-	var order []string
-	step := func(name string, d time.Duration) func() {
-		return func() {
-			c.Sleep(context.Background(), d)
-			order = append(order, name+"@"+c.Since().String())
-		}
-	}
-	c.Run(step("a", 2*time.Second), step("b", time.Second), step("c", 2*time.Second), step("d", 0))
-	got := strings.Join(order, " ")
-	if want := "d@0s b@1s a@2s c@2s"; got != want {
-		t.Errorf("woke in order %q, want %q", got, want)
-	}
-}
-
-func TestClockCancel(t *testing.T) {
-	c := NewClock()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := (NewClock()).Sleep(ctx, 0); err != nil {
-		t.Fatalf("Sleep(0) = %v", err)
-	}
-	var err error
-	var at time.Duration
-	c.Run(func() {
-		err = c.Sleep(ctx, time.Hour)
-		at = c.Since()
-	}, func() {
-		cancel()
-		// Hold the turn until the sleeper has asked to be woken now.
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-			c.mu.Lock()
-			requeued := c.queue.Len() == 1 && c.queue[0].at.Equal(c.now)
-			c.mu.Unlock()
-			if requeued {
-				break
-			}
-		}
-		c.Sleep(context.Background(), time.Second)
-	})
-	if !errors.Is(err, context.Canceled) || at != 0 {
-		t.Errorf("cancelled Sleep returned %v at %v, want context.Canceled at 0s", err, at)
-	}
-	if err := c.Sleep(ctx, time.Second); !errors.Is(err, context.Canceled) {
-		t.Errorf("Sleep with a done context = %v, want context.Canceled", err)
 	}
 }
