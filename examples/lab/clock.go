@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"container/heap"
 	"context"
 	"fmt"
+	"runtime"
+	"runtime/metrics"
 	"sync"
 	"time"
 )
@@ -30,6 +33,10 @@ const stallLimit = 30 * time.Second
 // same on every run. That is what makes the lab print the same figures
 // every time, with 50 collectors running concurrently.
 //
+// A sleeper whose context ends is woken at that instant, after the others
+// due then (see settle): when the clock learns of it must not change when
+// it wakes.
+//
 // Clock implements retryhttp.Clock. Sleep must be called only by a
 // participant (a function passed to Run or Go), and only while it runs.
 type Clock struct {
@@ -38,6 +45,11 @@ type Clock struct {
 	seq   uint64 // orders wake-ups at the same instant: first asleep, first awake
 	queue wakeups
 	live  int // participants started and not yet finished
+	// cancellable counts the sleepers queued whose context can end, and
+	// settled the times the scheduler settled (see settle): the sleepers
+	// it finds cancelled at the same settling wake together.
+	cancellable int
+	settled     uint64
 
 	// yield is how the running participant hands the turn back: it has gone
 	// to sleep, or it has finished.
@@ -72,24 +84,18 @@ func (c *Clock) Sleep(ctx context.Context, d time.Duration) error {
 	}
 	c.mu.Lock()
 	w := c.push(c.now.Add(d))
+	if w.done = ctx.Done(); w.done != nil {
+		c.cancellable++
+	}
 	c.mu.Unlock()
 	c.yield <- struct{}{} // the turn goes back to the scheduler
-	select {
-	case <-w.wake:
-		return nil
-	case <-ctx.Done():
-		// Cancelled in real time: ask to be woken now, and go on only
-		// with the turn, so that two participants never run at once.
-		c.mu.Lock()
-		if w.index >= 0 {
-			c.seq++
-			w.at, w.seq = c.now, c.seq
-			heap.Fix(&c.queue, w.index)
-		}
-		c.mu.Unlock()
-		<-w.wake
+	// Woken by the scheduler only, at the end of the wait or once it found
+	// ctx ended: it says which, so the answer is the same on every run.
+	<-w.wake
+	if w.cancelled {
 		return ctx.Err()
 	}
+	return nil
 }
 
 // Go starts f as a participant. It first runs when the scheduler gives it
@@ -130,7 +136,15 @@ func (c *Clock) Run(fs ...func()) {
 			c.mu.Unlock()
 			panic("lab: participants are alive but none is waiting on the clock")
 		}
+		if c.cancellable > 0 && c.queue[0].at.After(c.now) {
+			c.mu.Unlock()
+			c.settle()
+			c.mu.Lock()
+		}
 		w := heap.Pop(&c.queue).(*wakeup)
+		if w.done != nil {
+			c.cancellable--
+		}
 		if w.at.After(c.now) {
 			c.now = w.at
 		}
@@ -153,23 +167,122 @@ func (c *Clock) push(at time.Time) *wakeup {
 	return w
 }
 
+// settle runs before the clock moves on while a sleeper that can be
+// cancelled is queued: it waits until the turns handed out so far have had
+// all their effects, then wakes now every sleeper whose context has ended.
+//
+// A turn can end a sleeper's context from outside the clock: retryhttp
+// waits for a slot in flight on a context that a goroutine of its own
+// cancels once another request frees the slot, and that goroutine runs in
+// real time, after the turn that freed it. Were the clock moved on before
+// it ran, the sleeper would wake at a later moment, a different one on
+// every run. So settle waits for every other goroutine of the process to
+// block. The sleepers it finds cancelled wake after those already due now,
+// in the order they went to sleep; a cancellation that their turns cause
+// is found at the next settling, before the clock moves on again. Settling
+// only then, not before every turn, keeps the lab fast: it takes a dump of
+// all goroutines.
+func (c *Clock) settle() {
+	// First let what is plainly still running finish: the dump is dear.
+	for i := 0; i < 3 && runnable(); i++ {
+		runtime.Gosched()
+	}
+	for deadline := time.Now().Add(stallLimit); !quiescent(); runtime.Gosched() {
+		if time.Now().After(deadline) {
+			panic(fmt.Sprintf("lab: goroutines kept running for %v of real time while the clock waited", stallLimit))
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.settled++
+	for _, w := range c.queue {
+		if w.done == nil || w.cancelled || !w.at.After(c.now) {
+			continue
+		}
+		select {
+		case <-w.done:
+			w.at, w.cancelled, w.gen = c.now, true, c.settled
+			heap.Fix(&c.queue, w.index)
+		default:
+		}
+	}
+}
+
+// runnable is the runtime's count of goroutines ready to run, read
+// cheaply: approximate (settle asks quiescent for the exact answer), but
+// when it is not zero, something is still to run.
+func runnable() bool {
+	metrics.Read(runnableSample)
+	return runnableSample[0].Value.Kind() == metrics.KindUint64 && runnableSample[0].Value.Uint64() > 0
+}
+
+var runnableSample = []metrics.Sample{{Name: "/sched/goroutines/runnable:goroutines"}}
+
+// stacks is the buffer quiescent reads the goroutines into; only the
+// scheduler uses it.
+var stacks = make([]byte, 64<<10)
+
+// quiescent reports whether every goroutine but the caller is blocked:
+// none is runnable, running, in a system call or being moved. It reads
+// each one's state from the runtime's dump of all goroutines, the one
+// exact account the runtime gives of them (it stops the world to take it).
+func quiescent() bool {
+	n := runtime.Stack(stacks, true)
+	for n == len(stacks) {
+		stacks = make([]byte, 2*len(stacks))
+		n = runtime.Stack(stacks, true)
+	}
+	first := true // the dump starts with the caller, which is running
+	for line := range bytes.Lines(stacks[:n]) {
+		if !bytes.HasPrefix(line, []byte("goroutine ")) {
+			continue
+		}
+		if first {
+			first = false
+			continue
+		}
+		for _, busy := range busyStates {
+			if bytes.Contains(line, busy) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// busyStates are the states of a goroutine that is not blocked, as the
+// dump writes them.
+var busyStates = [][]byte{[]byte(" [runnable"), []byte(" [running"), []byte(" [syscall"), []byte(" [copystack"), []byte(" [preempted")}
+
 // wakeup is a participant waiting for its turn.
 type wakeup struct {
 	at    time.Time
 	seq   uint64
-	index int // in the queue; -1 once popped
-	wake  chan struct{}
+	index int             // in the queue; -1 once popped
+	done  <-chan struct{} // the sleeper's context's, when it can end
+	// cancelled is set when settle found done closed, and gen is which
+	// settling that was.
+	cancelled bool
+	gen       uint64
+	wake      chan struct{}
 }
 
-// wakeups is a min-heap by (at, seq).
+// wakeups is a min-heap by time; at one instant, the sleepers due then
+// come first, by seq, then those cancelled, by settling and seq.
 type wakeups []*wakeup
 
 func (q wakeups) Len() int { return len(q) }
 func (q wakeups) Less(i, j int) bool {
-	if !q[i].at.Equal(q[j].at) {
-		return q[i].at.Before(q[j].at)
+	a, b := q[i], q[j]
+	switch {
+	case !a.at.Equal(b.at):
+		return a.at.Before(b.at)
+	case a.cancelled != b.cancelled:
+		return b.cancelled
+	case a.gen != b.gen:
+		return a.gen < b.gen
 	}
-	return q[i].seq < q[j].seq
+	return a.seq < b.seq
 }
 func (q wakeups) Swap(i, j int) {
 	q[i], q[j] = q[j], q[i]

@@ -36,6 +36,10 @@ type Network struct {
 type Host struct {
 	Name    string
 	Latency time.Duration
+	// Refusal, when not zero, is what an answer of 503 takes instead of
+	// Latency: a refusal given at once, before any work, comes back sooner
+	// than a page.
+	Refusal time.Duration
 	Handler http.Handler
 	Log     *AccessLog
 }
@@ -68,7 +72,11 @@ func (n *Network) RoundTrip(req *http.Request) (*http.Response, error) {
 	rec := httptest.NewRecorder()
 	host.Handler.ServeHTTP(rec, in)
 	host.Log.add(rec.Code)
-	if err := n.clock.Sleep(req.Context(), host.Latency); err != nil {
+	latency := host.Latency
+	if rec.Code == http.StatusServiceUnavailable && host.Refusal > 0 {
+		latency = host.Refusal
+	}
+	if err := n.clock.Sleep(req.Context(), latency); err != nil {
 		return nil, err
 	}
 	resp := rec.Result()
@@ -162,6 +170,40 @@ func (l *AccessLog) FirstBusySecond(from time.Duration, status, n int) (at time.
 		}
 	}
 	return first, first >= 0
+}
+
+// Between is the number of answers with the given status, or of all
+// answers when status is 0, that the host gave from from until before to.
+func (l *AccessLog) Between(from, to time.Duration, status int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, e := range l.entries {
+		if e.at >= from && e.at < to && (status == 0 || e.status == status) {
+			n++
+		}
+	}
+	return n
+}
+
+// BusiestSecond is the most requests the host answered in one whole
+// second, of the seconds that begin at from or later, and the start of the
+// first such second.
+func (l *AccessLog) BusiestSecond(from time.Duration) (most int, at time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	per := make(map[time.Duration]int)
+	for _, e := range l.entries {
+		if s := e.at.Truncate(time.Second); s >= from {
+			per[s]++
+		}
+	}
+	for s, n := range per {
+		if n > most || (n == most && s < at) {
+			most, at = n, s
+		}
+	}
+	return most, at
 }
 
 // elapsed is the virtual time since epoch, in seconds, as the Python shop
@@ -356,4 +398,88 @@ func (b *Blip) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fmt.Fprintln(w, "ok")
+}
+
+// Replicas is a host behind a load balancer that hands requests to its
+// replicas in turn. One replica of Every is broken: the request it gets,
+// one in Every, is answered 503 at once, without Retry-After; the others
+// are served. However fast or slow it is asked, the same share fails: load
+// does not explain it.
+type Replicas struct {
+	clock *Clock
+	Every int
+	mu    sync.Mutex
+	n     int
+}
+
+func (r *Replicas) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	w.Header().Set("Date", httpDate(r.clock.Now()))
+	r.mu.Lock()
+	r.n++
+	broken := r.n%r.Every == 0 // the last replica of each turn
+	r.mu.Unlock()
+	if broken {
+		http.Error(w, "replica 5: no database connection", http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintf(w, "page %s\n", req.URL.Query().Get("page"))
+}
+
+// Restarted is a host that answers 503 to everything, without Retry-After,
+// from Down until Up (since the start of the scenario), and serves before
+// and after: an outage with a recovery.
+type Restarted struct {
+	clock    *Clock
+	Down, Up time.Duration
+}
+
+func (h *Restarted) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	now := h.clock.Now()
+	w.Header().Set("Date", httpDate(now))
+	if since := now.Sub(epoch); since >= h.Down && since < h.Up {
+		http.Error(w, "the service is restarting", http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintf(w, "order %s\n", r.URL.Query().Get("order"))
+}
+
+// Slots is a host that serves Size requests at a time, each for Work (the
+// Latency it is added with), and answers a request beyond them 503 at
+// once, without Retry-After: a server with a fixed pool of workers and no
+// queue. A slot is free again when its request's Work is over.
+type Slots struct {
+	clock *Clock
+	Size  int
+	Work  time.Duration
+	mu    sync.Mutex
+	ends  []time.Time // when each request in service is done
+}
+
+func (s *Slots) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	now := s.clock.Now()
+	w.Header().Set("Date", httpDate(now))
+	if !s.take(now) {
+		http.Error(w, fmt.Sprintf("all %d workers are busy", s.Size), http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintf(w, "page %s\n", r.URL.Query().Get("page"))
+}
+
+// take frees the slots whose work is done by now, and takes one if any is
+// free.
+func (s *Slots) take(now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	busy := s.ends[:0]
+	for _, end := range s.ends {
+		if end.After(now) {
+			busy = append(busy, end)
+		}
+	}
+	s.ends = busy
+	if len(s.ends) >= s.Size {
+		return false
+	}
+	s.ends = append(s.ends, now.Add(s.Work))
+	return true
 }

@@ -1,10 +1,14 @@
 // Command lab replays the scenarios of the project's seeds, the field notes
 // in shared/seeds, through the real retryhttp.Transport against stub hosts,
 // on a virtual clock, and prints one table: what a naive retry loop cost,
-// what retryhttp cost, and the figure the seed reported. Two rows have no
-// seed: a host that announces its quota in rate-limit headers, and a host
-// whose capacity rises mid-run. Under the table, a chart of each row shows
-// the requests that reached the host each second, naive above retryhttp.
+// what retryhttp cost, and the figure the seed reported. Five rows have no
+// seed: a host that announces its quota in rate-limit headers, a host
+// whose capacity rises mid-run, and one for each state of the host model
+// beyond healthy that the seeds do not show: a failing host (a broken
+// replica), a down host that comes back (an outage and its return, under
+// open-loop traffic) and a host overloaded by what it has in flight (10
+// slots, no queue). Under the table, a chart of each row shows the
+// requests that reached the host each second, naive above retryhttp.
 //
 //	go run ./examples/lab
 //
@@ -13,14 +17,15 @@
 // collectors take turns in a fixed order, and the jitter comes from a seeded
 // source (retryhttp.WithRand).
 //
-// With -svg, it also draws the charts of two rows into SVG files in the
-// directory named, for the README:
+// With -svg, it also draws the charts of four rows (4, 9, 12 and 13) into
+// SVG files in the directory named, for the README:
 //
 //	go run ./examples/lab -svg docs
 //
 // The files: clock.go is the virtual clock and its scheduler, hosts.go the
 // stub hosts and the in-memory network that serves them, scenarios.go the
-// naive loops and the retryhttp runs, table.go the table, chart.go the
+// naive loops and the retryhttp runs of the seeds' scenarios, states.go
+// those of the host model's states, table.go the table, chart.go the
 // terminal charts under it, svg.go the SVG charts.
 package main
 
@@ -32,7 +37,7 @@ import (
 )
 
 func main() {
-	svgDir := flag.String("svg", "", "also write the SVG charts (lab-collectors.svg, lab-quota.svg) into this `directory`")
+	svgDir := flag.String("svg", "", "also write the SVG charts (lab-collectors.svg, lab-quota.svg, lab-outage.svg, lab-slots.svg) into this `directory`")
 	flag.Parse()
 	rows := Rows()
 	if err := report(os.Stdout, rows); err != nil {
@@ -57,7 +62,8 @@ func run(w io.Writer) error { return report(w, Rows()) }
 // report writes the table of rows, then their charts, to w.
 func report(w io.Writer, rows []Row) error {
 	if _, err := fmt.Fprint(w, "The seeds' scenarios, replayed through retryhttp.Transport on a virtual clock.\n"+
-		"Stub hosts answer in memory; a request takes 50 ms (seed 002's shop) or 1 ms (seed 000's loopback stub).\n\n"); err != nil {
+		"Stub hosts answer in memory; a request takes 50 ms (seed 002's shop), 1 ms (seed 000's loopback stub),\n"+
+		"or what its row says.\n\n"); err != nil {
 		return err
 	}
 	if err := WriteTable(w, rows); err != nil {

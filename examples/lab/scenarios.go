@@ -39,6 +39,9 @@ type Outcome struct {
 	// Unsent counts the requests handed back at once, without being sent,
 	// because their host was down.
 	Unsent int
+	// Seen is what the retryhttp Transport held of the host, in the rows
+	// that watch it.
+	Seen Seen
 }
 
 // world is one scenario's clock and network.

@@ -30,6 +30,7 @@ const (
 	inkColour   = "#222222"
 	greyColour  = "#666666"
 	gridColour  = "#e3e3e3"
+	shadeColour = "#f3e9e4" // a pale orange: the span in which the host refused everything
 	fontFamily  = "DejaVu Sans, Helvetica, Arial, sans-serif"
 
 	svgW          = 760
@@ -40,6 +41,7 @@ const (
 	titleChars    = 66 // a title line longer than this is wrapped at a comma
 	legendMarker  = 11
 	legendSpacing = 19
+	legendChars   = 92 // a legend line longer than this is wrapped at a comma or semicolon
 )
 
 // WriteSVGs writes the SVG chart of every row that names a file into dir,
@@ -63,8 +65,8 @@ func WriteSVGs(dir string, rows []Row) ([]string, error) {
 }
 
 // SVG draws row n's chart: requests a second at the host, the naive run's
-// bar beside retryhttp's in every second, and the host's capacity as a
-// dashed line.
+// bar beside retryhttp's in every second, the host's capacity as a dashed
+// line, and the row's span shaded.
 func SVG(n int, r Row) []byte {
 	bucket, bins := bucketFor(lastArrival(r.NaiveAt, r.RetryAt), svgWidth)
 	perSec := func(at []time.Duration) []float64 {
@@ -85,15 +87,15 @@ func SVG(n int, r Row) []byte {
 	// The header: title, subtitle, legend; then the plot.
 	title := fmt.Sprintf("Row %d: %s", n, r.Scenario)
 	titleLines := wrap(title, titleChars)
-	type entry struct{ colour, name, figures string }
-	legend := []entry{{naiveColour, "naive loop", r.Naive}, {retryColour, "retryhttp", r.Retry}}
-	if r.Capacity > 0 {
-		legend = append(legend, entry{"", r.CapacityLabel, ""})
+	legend := legendOf(r)
+	lines := 0
+	for _, l := range legend {
+		lines += len(l.lines())
 	}
 	cursor := 30.0
 	subtitleY := cursor + float64(len(titleLines)-1)*20 + 20
 	legendY := subtitleY + 22
-	plotTop := legendY + float64(len(legend)-1)*legendSpacing + 40
+	plotTop := legendY + float64(lines-1)*legendSpacing + 40
 	plotBottom := plotTop + plotHeight
 	svgH := int(plotBottom) + 46
 
@@ -111,20 +113,18 @@ func SVG(n int, r Row) []byte {
 	text(&b, 24, subtitleY, 12, greyColour, "start", "",
 		"Requests reaching the host each second; go run ./examples/lab, on its virtual clock.")
 
-	// The legend, with each run's figures from the table, and the host's
-	// capacity.
-	for i, l := range legend {
-		ly := legendY + float64(i)*legendSpacing
-		if l.colour == "" {
-			fmt.Fprintf(&b, `<line x1="22" y1="%s" x2="36" y2="%s" stroke="%s" stroke-width="1.5" stroke-dasharray="4 3"/>`+"\n",
-				num(ly-4.5), num(ly-4.5), inkColour)
-			text(&b, 42, ly, 13, inkColour, "start", "", l.name)
-			continue
-		}
-		fmt.Fprintf(&b, `<rect x="24" y="%s" width="%d" height="%d" rx="2" fill="%s"/>`+"\n",
-			num(ly-legendMarker+1), legendMarker, legendMarker, l.colour)
-		fmt.Fprintf(&b, `<text x="42" y="%s" font-size="13" fill="%s"><tspan font-weight="bold">%s</tspan>: %s</text>`+"\n",
-			num(ly), inkColour, esc(l.name), esc(l.figures))
+	// The legend, with each run's figures from the table, the host's
+	// capacity and the span shaded.
+	ly := legendY
+	for _, l := range legend {
+		ly = l.draw(&b, ly)
+	}
+
+	// The span shaded, under the grid and the bars.
+	if r.Shade[1] > 0 {
+		x0, x1 := x(r.Shade[0].Seconds()), x(min(r.Shade[1].Seconds(), total))
+		fmt.Fprintf(&b, `<rect x="%s" y="%s" width="%s" height="%s" fill="%s"/>`+"\n",
+			num(x0), num(plotTop), num(x1-x0), num(plotBottom-plotTop), shadeColour)
 	}
 
 	// Grid and y ticks.
@@ -179,8 +179,68 @@ func SVG(n int, r Row) []byte {
 	return b.Bytes()
 }
 
-// wrap breaks s after commas into lines of at most width characters where
-// it can.
+// legendEntry is one entry of an SVG chart's legend: a run (a bar of its
+// colour, its name in bold, its figures), the host's capacity (a dashed
+// line) or a span shaded (a square of the shade).
+type legendEntry struct {
+	marker        string // "bar", "line" or "shade"
+	colour        string
+	name, figures string
+}
+
+// legendOf is the legend of row r's chart.
+func legendOf(r Row) []legendEntry {
+	legend := []legendEntry{
+		{"bar", naiveColour, "naive loop", r.Naive},
+		{"bar", retryColour, "retryhttp", r.Retry},
+	}
+	if r.Capacity > 0 {
+		legend = append(legend, legendEntry{marker: "line", colour: inkColour, name: r.CapacityLabel})
+	}
+	if r.Shade[1] > 0 {
+		legend = append(legend, legendEntry{marker: "shade", colour: shadeColour, name: r.ShadeLabel})
+	}
+	return legend
+}
+
+// lines is the entry's text, wrapped: a run's name is followed by its
+// figures.
+func (l legendEntry) lines() []string {
+	if l.figures == "" {
+		return wrap(l.name, legendChars)
+	}
+	return wrap(l.name+": "+l.figures, legendChars)
+}
+
+// draw writes the entry with its first line at y, and returns where the
+// next entry's goes.
+func (l legendEntry) draw(b *bytes.Buffer, y float64) float64 {
+	switch l.marker {
+	case "line":
+		fmt.Fprintf(b, `<line x1="22" y1="%s" x2="36" y2="%s" stroke="%s" stroke-width="1.5" stroke-dasharray="4 3"/>`+"\n",
+			num(y-4.5), num(y-4.5), l.colour)
+	case "shade":
+		fmt.Fprintf(b, `<rect x="24" y="%s" width="%d" height="%d" fill="%s" stroke="%s" stroke-width="0.5"/>`+"\n",
+			num(y-legendMarker+1), legendMarker, legendMarker, l.colour, greyColour)
+	default:
+		fmt.Fprintf(b, `<rect x="24" y="%s" width="%d" height="%d" rx="2" fill="%s"/>`+"\n",
+			num(y-legendMarker+1), legendMarker, legendMarker, l.colour)
+	}
+	for i, line := range l.lines() {
+		if i == 0 && l.figures != "" {
+			rest := strings.TrimPrefix(line, l.name)
+			fmt.Fprintf(b, `<text x="42" y="%s" font-size="13" fill="%s"><tspan font-weight="bold">%s</tspan>%s</text>`+"\n",
+				num(y), inkColour, esc(l.name), esc(rest))
+		} else {
+			text(b, 42, y, 13, inkColour, "start", "", line)
+		}
+		y += legendSpacing
+	}
+	return y
+}
+
+// wrap breaks s after commas and semicolons into lines of at most width
+// characters where it can.
 func wrap(s string, width int) []string {
 	var lines []string
 	for utf8.RuneCountInString(s) > width {
@@ -189,7 +249,7 @@ func wrap(s string, width int) []string {
 			if utf8.RuneCountInString(s[:i]) > width {
 				break
 			}
-			if s[i] == ',' {
+			if s[i] == ',' || s[i] == ';' {
 				cut = i
 			}
 		}

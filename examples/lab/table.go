@@ -25,6 +25,10 @@ type Row struct {
 	SVG           string
 	Capacity      float64
 	CapacityLabel string
+	// Shade, if its end is not zero, is a span of the run the SVG chart
+	// shades, and ShadeLabel names it in the legend.
+	Shade      [2]time.Duration
+	ShadeLabel string
 }
 
 // arrivals fills in the row's chart from its two runs.
@@ -158,7 +162,82 @@ func Rows() []Row {
 			"the rise on in which the host served %d or more: how soon the pace follows the capacity up.",
 			risingServed, risingServed),
 	}.arrivals(rising, risingRH))
-	return rows
+	return append(rows, replicaRow(), restartRow(), slotsRow())
+}
+
+// replicaRow is the broken replica's row: a failing host, retried at full
+// speed.
+func replicaRow() Row {
+	naive, rh := ReplicasNaive(), ReplicasRetryhttp()
+	off := ReplicasRetryhttp(retryhttp.WithLearning(false))
+	return Row{
+		Scenario: "a broken replica: 1 request in 5 answered 503 at once, 30 workers, 600 pages",
+		Naive:    pagesServed(naive, replicaPages),
+		Retry:    pagesServed(rh, replicaPages) + "; " + held(rh.Seen),
+		Seed:     "(no seed)",
+		How: fmt.Sprintf("a balancer hands requests to 5 replicas in turn; the fifth answers 503 at once (5 ms), "+
+			"without Retry-After, the others serve a page in 50 ms. 30 workers take the pages from a shared queue. "+
+			"Naive tries each page 3 times, asking again at once: failsafe-go's failsafehttp retry policy by "+
+			"default (2 retries, no delay without a Retry-After), the fastest a loop can be against a host whose "+
+			"failures load does not explain. retryhttp, one GET a page through one Transport, all defaults: "+
+			"it takes the host for failing, not overloaded, and never paces it; its time is its backoff's (full "+
+			"jitter, 0-0.5 s then 0-1 s); with WithLearning(false), %s. \"seen\" is what HostStatus said "+
+			"after every page.",
+			pagesServed(off, replicaPages)),
+	}.arrivals(naive, rh)
+}
+
+// restartRow is the outage with a recovery: a down host handed back, then
+// served again.
+func restartRow() Row {
+	naive, rh := RestartNaive(), RestartRetryhttp()
+	return Row{
+		Scenario: "outage and return: 100 requests/s open-loop, 503 to all from 5 s to 15 s",
+		Naive:    recovered(naive),
+		Retry:    recovered(rh),
+		Seed:     "(no seed)",
+		How: fmt.Sprintf("a request starts every 10 ms, whatever became of those before (each its own caller, "+
+			"25 s of them, 2500 in all); the host serves in 50 ms, but answers 503 to everything, without "+
+			"Retry-After, from 5 s to 15 s. Naive tries each 3 times, 1 s apart, as in row 6. retryhttp, one "+
+			"GET a request through one Transport, all defaults: the outage's first 503s look like overload to "+
+			"it, so it paces the host until it holds it down; from then on a request is handed back with "+
+			"ErrHostDown (at once, or, for %d that were waiting for the pace, after up to %s), and the host is "+
+			"probed twice a second. After the return it keeps the pace it cut to as the outage began, and that "+
+			"pace does not grow while callers queue for it. \"in the second after\" counts the requests served "+
+			"from 15 s to 16 s, \"busiest second\" the most the host got in a second from 15 s on, \"longest "+
+			"call\" the longest a caller waited for its answer.",
+			rh.Unsent-rh.AtOnce, short(rh.LongestUnsent)),
+		SVG:           "lab-outage.svg",
+		Capacity:      float64(time.Second / restartEvery),
+		CapacityLabel: "what the callers ask: 100 requests/s, all served while the host is up",
+		Shade:         [2]time.Duration{restartDown, restartUp},
+		ShadeLabel:    "the outage: 503 to everything, 5 s to 15 s",
+		NaiveAt:       naive.Arrivals,
+		RetryAt:       rh.Arrivals,
+	}
+}
+
+// slotsRow is the host that limits what it serves at once: overloaded, held
+// to a limit in flight.
+func slotsRow() Row {
+	naive, rh := SlotsNaive(), SlotsRetryhttp()
+	return Row{
+		Scenario: "a host that serves 10 at a time (100 ms each), 503 beyond, 30 workers, 600 pages",
+		Naive:    pagesServed(naive, slotsPages),
+		Retry:    pagesServed(rh, slotsPages) + "; " + held(rh.Seen),
+		Seed:     "(no seed)",
+		How: fmt.Sprintf("the host has 10 workers and no queue: a page takes 100 ms, a request beyond the 10 "+
+			"gets 503 at once (5 ms), without Retry-After, so it serves 100 a second and 600 pages take 6 s at "+
+			"best. 30 workers take the pages from a shared queue. Naive asks again 1 s after each 503, as in "+
+			"rows 4 and 10 (asking again at once, it sends %d requests for the 600 pages). retryhttp, one GET a "+
+			"page through one Transport, all defaults: the first 30 meet the 10 slots, and it paces the host "+
+			"for a second; then it holds it to a limit in flight, %s at first, one more for every limit's "+
+			"worth of pages served, up to what the host takes at once.",
+			SlotsAtOnce().Requests, limitsFrom(rh.Seen)),
+		SVG:           "lab-slots.svg",
+		Capacity:      float64(slotsSize) * float64(time.Second/slotsWork),
+		CapacityLabel: "what the host serves: 10 at a time, 100 ms each, 100 requests/s",
+	}.arrivals(naive, rh)
 }
 
 // WriteTable writes rows as one Markdown table, its columns aligned, and
@@ -229,6 +308,41 @@ func risen(o Outcome) string {
 		followed = fmt.Sprintf("never %d served/s", risingServed)
 	}
 	return fmt.Sprintf("%s, %d of %d served at %s, %s", sent(o), o.Served, risingItems, secs(o.Done), followed)
+}
+
+// held says how retryhttp held the host: the states it went through, and
+// the limit in flight it ended with, or that it was never paced.
+func held(s Seen) string {
+	names := make([]string, len(s.States))
+	for i, st := range s.States {
+		names[i] = st.String()
+	}
+	out := "seen " + strings.Join(names, ", then ")
+	switch {
+	case len(s.Limits) > 0:
+		out += fmt.Sprintf(", held to %d in flight", s.Limits[len(s.Limits)-1])
+	case !s.Paced:
+		out += ", never paced"
+	}
+	return out
+}
+
+// limitsFrom is the first limit in flight retryhttp held the host to.
+func limitsFrom(s Seen) string {
+	if len(s.Limits) == 0 {
+		return "none"
+	}
+	return fmt.Sprint(s.Limits[0])
+}
+
+// recovered is the outage-and-return row's cell.
+func recovered(r Recovery) string {
+	back := "none handed back"
+	if r.Unsent > 0 {
+		back = fmt.Sprintf("%d handed back unsent, %d of them at once", r.Unsent, r.AtOnce)
+	}
+	return fmt.Sprintf("%d sent during the outage, %s; %d served in the second after, busiest second %d; "+
+		"longest call %s", r.During, back, r.Next, r.Busiest, secs(r.Longest))
 }
 
 // whole is a whole number of seconds.
