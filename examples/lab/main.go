@@ -61,8 +61,8 @@ func run(w io.Writer) error { return report(w, Rows()) }
 
 // report writes the table of rows, then their charts, to w.
 func report(w io.Writer, rows []Row) error {
-	if _, err := fmt.Fprint(w, "The seeds' scenarios, replayed through retryhttp.Transport on a virtual clock.\n"+
-		"Stub hosts answer in memory; a request takes 50 ms (seed 002's shop), 1 ms (seed 000's loopback stub),\n"+
+	if _, err := fmt.Fprint(w, "The field notes' failures, and the host model's states, replayed through retryhttp.Transport on a virtual clock.\n"+
+		"Stub hosts answer in memory; a request takes 50 ms (the shop of field note 002), 1 ms (the loopback stub of note 000),\n"+
 		"or what its row says.\n\n"); err != nil {
 		return err
 	}

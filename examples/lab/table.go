@@ -89,7 +89,7 @@ func Rows() []Row {
 
 	exp, jitter2 := CollectorsNaive(Exponential), CollectorsRetryhttp(collectorsSeedOptions...)
 	rows = append(rows, Row{
-		Scenario: "the same, with the seed's base 2 s and cap 30 s",
+		Scenario: "the same, with the field note's base 2 s and cap 30 s",
 		Naive:    served(exp),
 		Retry:    served(jitter2),
 		Seed:     "275 in waves, 180.5 s → 168, 19.5 s",
@@ -113,7 +113,7 @@ func Rows() []Row {
 
 	zero, floored := ForbiddenNaive(), ForbiddenRetryhttp()
 	rows = append(rows, Row{
-		Scenario: "seed 000: 403 with Retry-After: 0, 5 tries",
+		Scenario: "403 with Retry-After: 0, 5 tries (note 000)",
 		Naive:    fmt.Sprintf("%d sent in %s", zero.Requests, short(zero.Done)),
 		Retry:    fmt.Sprintf("%d sent in %s", floored.Requests, short(floored.Done)),
 		Seed:     "5 in 1.3-15 ms → with a 1 s floor, 5 in 5.025 s",
@@ -123,7 +123,7 @@ func Rows() []Row {
 
 	day, parked := BlipNaive(), BlipRetryhttp()
 	rows = append(rows, Row{
-		Scenario: "seed 000: 503 with Retry-After: 86400",
+		Scenario: "503 with Retry-After: 86400 (note 000)",
 		Naive:    fmt.Sprintf("%d sent, done after %s", day.Requests, short(day.Done)),
 		Retry:    fmt.Sprintf("%d sent, 503 back in %s; next: %s", parked.Requests, short(parked.Done), pausedOrNot(parked.Second)),
 		Seed:     "a worker that sleeps for a day",
@@ -137,7 +137,7 @@ func Rows() []Row {
 		Scenario: "a host that announces its quota (10 per 1 s window), 30 workers, 150 pages",
 		Naive:    pagesServed(quota, quotaPages),
 		Retry:    pagesServed(quotaRH, quotaPages),
-		Seed:     "(no seed)",
+		Seed:     "(no note)",
 		How: "the host counts a fixed window of 10 requests a second and says so on every answer " +
 			"(X-RateLimit-Limit, -Remaining, -Reset); the 11th and later in a window get 429 with " +
 			"Retry-After: 1. 30 workers take the pages from a shared queue. Naive sleeps the " +
@@ -154,7 +154,7 @@ func Rows() []Row {
 		Scenario: "a host whose capacity changes mid-run (5/s, then 40/s), 50 workers, 800 items",
 		Naive:    risen(rising),
 		Retry:    risen(risingRH),
-		Seed:     "(no seed)",
+		Seed:     "(no note)",
 		How: fmt.Sprintf("the host serves 5 requests a second for the first 10 s, 40 a second "+
 			"afterwards, and answers the rest 503 without Retry-After. 50 workers take the items "+
 			"from a shared queue. Naive asks again 1 s after each 503; retryhttp, one GET an item: "+
@@ -174,7 +174,7 @@ func replicaRow() Row {
 		Scenario: "a broken replica: 1 request in 5 answered 503 at once, 30 workers, 600 pages",
 		Naive:    pagesServed(naive, replicaPages),
 		Retry:    pagesServed(rh, replicaPages) + "; " + held(rh.Seen),
-		Seed:     "(no seed)",
+		Seed:     "(no note)",
 		How: fmt.Sprintf("a balancer hands requests to 5 replicas in turn; the fifth answers 503 at once (5 ms), "+
 			"without Retry-After, the others serve a page in 50 ms. 30 workers take the pages from a shared queue. "+
 			"Naive tries each page 3 times, asking again at once: failsafe-go's failsafehttp retry policy by "+
@@ -195,15 +195,15 @@ func restartRow() Row {
 		Scenario: "outage and return: 100 requests/s open-loop, 503 to all from 5 s to 15 s",
 		Naive:    recovered(naive),
 		Retry:    recovered(rh),
-		Seed:     "(no seed)",
+		Seed:     "(no note)",
 		How: fmt.Sprintf("a request starts every 10 ms, whatever became of those before (each its own caller, "+
 			"25 s of them, 2500 in all); the host serves in 50 ms, but answers 503 to everything, without "+
 			"Retry-After, from 5 s to 15 s. Naive tries each 3 times, 1 s apart, as in row 6. retryhttp, one "+
 			"GET a request through one Transport, all defaults: the outage's first 503s look like overload to "+
 			"it, so it paces the host until it holds it down; from then on a request is handed back with "+
-			"ErrHostDown (at once, or, for %d that were waiting for the pace, after up to %s), and the host is "+
-			"probed twice a second. After the return it keeps the pace it cut to as the outage began, and that "+
-			"pace does not grow while callers queue for it. \"in the second after\" counts the requests served "+
+			"ErrHostDown (at once, or, for %d that were waiting for the pace or a backoff, after up to %s), and "+
+			"the host is probed twice a second. After the return it is paced at what it took before the outage "+
+			"(the pace cut as the outage began is not kept), and the pace grows while it binds. \"in the second after\" counts the requests served "+
 			"from 15 s to 16 s, \"busiest second\" the most the host got in a second from 15 s on, \"longest "+
 			"call\" the longest a caller waited for its answer.",
 			rh.Unsent-rh.AtOnce, short(rh.LongestUnsent)),
@@ -225,7 +225,7 @@ func slotsRow() Row {
 		Scenario: "a host that serves 10 at a time (100 ms each), 503 beyond, 30 workers, 600 pages",
 		Naive:    pagesServed(naive, slotsPages),
 		Retry:    pagesServed(rh, slotsPages) + "; " + held(rh.Seen),
-		Seed:     "(no seed)",
+		Seed:     "(no note)",
 		How: fmt.Sprintf("the host has 10 workers and no queue: a page takes 100 ms, a request beyond the 10 "+
 			"gets 503 at once (5 ms), without Retry-After, so it serves 100 a second and 600 pages take 6 s at "+
 			"best. 30 workers take the pages from a shared queue. Naive asks again 1 s after each 503, as in "+
@@ -243,7 +243,7 @@ func slotsRow() Row {
 // WriteTable writes rows as one Markdown table, its columns aligned, and
 // then the note of each row.
 func WriteTable(w io.Writer, rows []Row) error {
-	header := []string{"#", "scenario", "naive loop", "retryhttp", "the seed's figure"}
+	header := []string{"#", "scenario", "naive loop", "retryhttp", "the field note's figure"}
 	cells := [][]string{header}
 	for i, r := range rows {
 		cells = append(cells, []string{fmt.Sprint(i + 1), r.Scenario, r.Naive, r.Retry, r.Seed})
