@@ -289,6 +289,9 @@ func faultTable(pages int, extra []string, runs []faultRun) string {
 	}
 	b.WriteString("\n")
 	for _, r := range runs {
+		if r.client == "" {
+			continue // not run: -run left it out
+		}
 		errs, back := r.errs()
 		fetched := fmt.Sprintf("%d", r.fetched())
 		if pages > 0 {

@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -101,10 +102,19 @@ func matrixTable(rows []limResult) string {
 	b.WriteString("\n")
 	n := len(limClients)
 	for i := 0; i+n <= len(rows); i += n {
-		first := rows[i]
+		group := rows[i : i+n]
+		j := slices.IndexFunc(group, func(r limResult) bool { return r.client != "" })
+		if j < 0 {
+			continue // none run: -run left them out
+		}
+		first := group[j]
 		fmt.Fprintf(&b, "| %s | %d | %v | %s | %.2f |", first.middleware, first.cell.workers, first.cell.latency,
 			seconds(first.cell.ideal()), float64(first.floor)/limPages)
-		for _, r := range rows[i : i+n] {
+		for _, r := range group {
+			if r.client == "" {
+				b.WriteString(" – |")
+				continue
+			}
 			b.WriteString(" " + cellFigures(r) + " |")
 		}
 		b.WriteString("\n")

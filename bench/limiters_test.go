@@ -646,6 +646,9 @@ func limTable(cell limCell, results []limResult) string {
 	b.WriteString("| middleware | library | fetched | requests | req/page | refused (429) | 429 back | errors | time | ideal | ratio |\n")
 	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range results {
+		if r.client == "" {
+			continue // not run: -run left it out
+		}
 		elapsed := fmt.Sprintf("%.1f s", r.elapsed.Seconds())
 		if r.cut != "" {
 			elapsed += " (cut: " + r.cut + ")"
@@ -685,7 +688,7 @@ func logMatrix(t *testing.T, title string, cell limCell, results []limResult) {
 	t.Logf("%s\n\n%s", title, limTable(cell, results))
 	logged := map[string]bool{}
 	for _, r := range results {
-		if !logged[r.middleware] {
+		if r.client != "" && !logged[r.middleware] {
 			logged[r.middleware] = true
 			t.Logf("%s headers (seen by the %s run):\n  %s", r.middleware, r.client, r.seen.describe())
 		}
