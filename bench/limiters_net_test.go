@@ -14,7 +14,7 @@ import (
 // 127.0.0.1 and a cleanhttp pooled transport. It confirms the virtual
 // figures once. The pairs are parallel subtests that mostly sleep, so
 // -parallel 8 runs them all at once and the whole lasts as long as the
-// slowest pair (about 20 s today, at most limDeadline); with the default
+// slowest pair (about 20 s today, at most the cell's deadline); with the default
 // -parallel (GOMAXPROCS) it takes about 45 s on 2 cores. It runs only when
 // asked:
 //
@@ -26,22 +26,23 @@ func TestLimitersLoopback(t *testing.T) {
 	if os.Getenv("LIMITERS_LOOPBACK") == "" {
 		t.Skip("real-clock run over loopback: set LIMITERS_LOOPBACK=1 to run it (about 20 s with -parallel 8)")
 	}
-	results := runMatrix(t, runLoopback)
-	logMatrix(t, "Against real rate limiters (real clock, loopback, ~1 ms added latency):", results)
+	results := runMatrix(t, refCell, runLoopback)
+	logMatrix(t, "Against real rate limiters (real clock, loopback, ~1 ms added latency):", refCell, results)
 	assertRetryhttpTargets(t, results)
 }
 
 // runLoopback runs one middleware x library pair over real loopback.
-func runLoopback(t *testing.T, mw limMiddleware, lc limClient) limResult {
-	ctx, cancel := context.WithTimeout(context.Background(), limDeadline)
+func runLoopback(t *testing.T, cell limCell, mw limMiddleware, lc limClient) limResult {
+	ctx, cancel := context.WithTimeout(context.Background(), cell.deadline())
 	defer cancel()
-	srv := newLimServer(mw, cancel)
+	srv := newLimServer(mw, cell, cancel)
 	ts := httptest.NewServer(srv.handler)
 	defer ts.Close()
 	tr := cleanhttp.DefaultPooledTransport()
 	defer tr.CloseIdleConnections()
-	res := fetchAll(ctx, lc.make(tr), ts.URL, srv)
-	res.middleware, res.client = mw.name, lc.name
+	res := fetchAll(ctx, lc.make(tr), ts.URL, cell.workers, srv)
+	res.middleware, res.client, res.cell = mw.name, lc.name, cell
+	res.floor = cell.floorRequests(mw)
 	res.seen = &srv.seen
 	return res
 }
