@@ -24,7 +24,12 @@ import (
 //     The server scheduled it, the parking held every request to the host
 //     meanwhile, and the attempts still bound it;
 //   - a retry refused after it was charged (its host was parked beyond the
-//     max while it waited, its deadline came first): nothing, it is refunded.
+//     max while it waited, its deadline came first): nothing, it is refunded;
+//   - the retries of a request that succeeds in the end: nothing, they are
+//     refunded with its success. A host that fails one answer in three at
+//     random costs the budget only the requests whose every try failed (one
+//     in 27 with three tries), and gets every retry the others need.
+//     (A hedge that lost stays spent: it was an extra request.)
 //
 // So an outage that answers 503 to everything stays at 110 requests per 100
 // pages, while a host that asks for a second's pause between requests is

@@ -75,7 +75,7 @@ func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 		case tr := <-done:
 			pending--
 			if tr.admitErr != nil {
-				c.paidFor() // the hedge never went
+				c.uncharge() // the hedge never went
 				continue
 			}
 			a := answer{n: len(tries), resp: tr.resp, err: tr.err, adm: tr.adm}
@@ -85,7 +85,9 @@ func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 				if tr.hedge && plain {
 					c.paidFor() // the hedge won: it paid for itself
 				}
-				c.charged = c.charged && tr.hedge
+				if !tr.hedge {
+					c.keepCharge() // the hedge lost: it was an extra request
+				}
 				return a, plain
 			}
 			// Failed while the other may yet answer: wait for it.
@@ -114,11 +116,11 @@ func (c *call) hedge(req *http.Request, delay time.Duration, done chan *hedgeTry
 		if !t.budget.tryRetry(now) {
 			return nil
 		}
-		c.charged, c.chargedAt = true, now
+		c.charge(now)
 	}
 	next, reason := c.rewind(1)
 	if reason != "" {
-		c.paidFor()
+		c.uncharge()
 		return nil
 	}
 	tr := &hedgeTry{n: 2, hedge: true}

@@ -118,10 +118,12 @@ type call struct {
 	trace  *sendTrace    // set for requests that are not replayable
 	adm    admission     // the attempt in flight: when it was let go, and its ticket
 	replay *replay       // the body, when it has no GetBody and may be sent again
-	// charged says the retry in flight spent the budget, at chargedAt: if
-	// it succeeds, it pays for itself.
-	charged   bool
-	chargedAt time.Time
+	// spent is when the call's retries spent the budget (the last
+	// len(spent) of them), nSpent how many did: if the call succeeds, they
+	// paid for themselves. charged says the retry in flight is the last.
+	spent   [4]time.Time
+	nSpent  int
+	charged bool
 	// maxAttempts, retryIf and attemptTimeout are the Transport's, or
 	// the request's policy (ContextWithPolicy).
 	maxAttempts    int
@@ -199,11 +201,39 @@ func (c *call) run() (*http.Response, error) {
 	}
 }
 
-// paidFor refunds the budget for a retry that got its answer: a retry that
-// succeeds pays for itself, as the AWS SDKs' retry quota refunds one.
+// paidFor refunds the budget for the call's retries once it got its
+// answer: retries that end in success pay for themselves, as the AWS SDKs'
+// retry quota refunds them. What the budget bounds is retries that fail to
+// the end, which an outage makes: a host that fails one answer in three
+// at random gets every retry that a request needs.
 func (c *call) paidFor() {
+	for i := range min(c.nSpent, len(c.spent)) {
+		c.t.budget.refund(c.spent[i])
+	}
+	c.nSpent, c.charged = 0, false
+}
+
+// charge records the retry in flight's spending of the budget at now.
+func (c *call) charge(now time.Time) {
+	c.spent[c.nSpent%len(c.spent)] = now
+	c.nSpent++
+	c.charged = true
+}
+
+// uncharge refunds the retry in flight's spending: it was not sent.
+func (c *call) uncharge() {
 	if c.charged {
-		c.t.budget.refund(c.chargedAt)
+		c.nSpent--
+		c.t.budget.refund(c.spent[c.nSpent%len(c.spent)])
+		c.charged = false
+	}
+}
+
+// keepCharge leaves the retry in flight's spending spent for good (a hedge
+// that lost): a later success does not refund it.
+func (c *call) keepCharge() {
+	if c.charged {
+		c.nSpent--
 		c.charged = false
 	}
 }
@@ -269,17 +299,12 @@ func (c *call) retry(a *answer, v verdict) (next *http.Request, reason Reason, e
 	// whether a refusal's retry waits for the model's pace is known only
 	// then (the refusals of a burst come back before the model has seen
 	// enough of them to tell overload from failure).
-	c.charged = false
+	c.charged = false // the retry that failed stays spent, unless the call succeeds
 	charge := t.budget != nil && !v.scheduled && !a.paced
 	if charge && !t.budget.canRetry(a.now) {
 		return nil, ReasonBudget, nil
 	}
-	refund := func() {
-		if c.charged {
-			t.budget.refund(c.chargedAt)
-			c.charged = false
-		}
-	}
+	refund := c.uncharge
 	if v.delay <= 0 && t.admitted(a.now) && c.replay == nil {
 		// Nothing to wait for: the retry goes now, so the response need
 		// not be kept, only drained for its connection.
@@ -355,7 +380,7 @@ func (c *call) spend(now time.Time, refusal bool) bool {
 	if !t.budget.tryRetry(now) {
 		return false
 	}
-	c.charged, c.chargedAt = true, now
+	c.charge(now)
 	return true
 }
 
