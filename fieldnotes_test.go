@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// The rate-limit lab of seed 002, replayed through the real Transport in
+// The rate-limit lab of field note 002, replayed through the real Transport in
 // synctest bubbles. Each host is an http.Handler on the bubble's clock.
 
 // bucketHost is the price API: a token bucket of 5 at 1/s, then 429 with
@@ -47,10 +47,10 @@ func (h *bucketHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.tokens--
 }
 
-// latency is how long each request takes in the seed's lab.
+// latency is how long each request takes in the field note's lab.
 const latency = 50 * time.Millisecond
 
-func TestSeedLabTwentyPages(t *testing.T) {
+func TestFieldNotesTwentyPages(t *testing.T) {
 	tests := []struct {
 		name         string
 		opts         []Option
@@ -58,7 +58,7 @@ func TestSeedLabTwentyPages(t *testing.T) {
 		wantRefused  int
 		wantDone     time.Duration
 	}{
-		// Obeying Retry-After alone: the seed counted 34 requests, 14 refused.
+		// Obeying Retry-After alone: the field note counted 34 requests, 14 refused.
 		{"obey Retry-After", []Option{WithMaxAttempts(50), WithBudget(nil), WithLearning(false)}, 34, 14, 15700 * time.Millisecond},
 		// Learning from the 429s (the default) on top of obeying them: the
 		// pace falls to what the host grants, and fewer are refused.
@@ -116,12 +116,12 @@ func (h *stockHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.lastOK = time.Now()
 }
 
-// Fifty collectors start together against the 5/s host, with the seed's
+// Fifty collectors start together against the 5/s host, with the field note's
 // backoff of base 2 s and cap 30 s. Waits of a fixed second, or doubling
 // without jitter, come back in step and are refused again together (the
-// seed counted 275 requests for each); full jitter spreads them and needs
-// far fewer (the seed: 168).
-func TestSeedLabFiftyCollectors(t *testing.T) {
+// field note counted 275 requests for each); full jitter spreads them and needs
+// far fewer (the field note: 168).
+func TestFieldNotesFiftyCollectors(t *testing.T) {
 	for _, learning := range []bool{false, true} {
 		results := map[string]int{}
 		for _, tc := range []struct {
