@@ -137,6 +137,33 @@ func TestBudgetOutage(t *testing.T) {
 	}
 }
 
+// TestBudgetRefundsSucceededRetries: a sequential client against a host
+// whose every page fails twice before it serves: 100 pages need 200
+// retries, ten times what the default budget (10 %, and 10 retries in
+// reserve) allows in the run. Retries that end in success are refunded, all of them, so
+// every page is served with 300 requests; an outage on the same budget is
+// still held to 110 (TestBudgetOutage).
+func TestBudgetRefundsSucceededRetries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		host := newStub(nil)
+		host.scripts = map[string][]step{}
+		for i := range 100 {
+			host.scripts[fmt.Sprintf("/item/%d", i)] = []step{{status: 503}, {status: 502}, {status: 200}}
+		}
+		net := newPipeNet(host)
+		defer net.close()
+		tr := New(WithBase(net.tr), WithLearning(false), fixedRand(0))
+		for i := range 100 {
+			if code, _ := get(t, tr, fmt.Sprintf("http://flaky.test/item/%d", i)); code != 200 {
+				t.Fatalf("item %d: %d, want 200", i, code)
+			}
+		}
+		if got := host.count(""); got != 300 {
+			t.Errorf("%d requests reached the host, want 300", got)
+		}
+	})
+}
+
 // One Budget shared by two Transports counts the first tries of both.
 func TestBudgetShared(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

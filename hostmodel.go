@@ -891,7 +891,7 @@ func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked 
 		m.lastLoad = lastLoad
 		return // refusals at the share it refuses whatever the load
 	}
-	switch m.checkCut(now, now.Sub(c.busyAt) < holdTime, holdTime) {
+	switch m.checkCut(l, host, now, now.Sub(c.busyAt) < holdTime, holdTime) {
 	case undecided:
 		m.lastLoad = lastLoad
 		return // too few answers since the last cut to tell whether it helped
@@ -995,7 +995,7 @@ func (m *hostModel) adjust(l *localLimiter, host string, now time.Time) {
 	}
 	defer func() { c.grownAt = now }()
 	binds := now.Sub(c.busyAt) < holdTime
-	if m.checkCut(now, binds, 2*holdTime) == byChance {
+	if m.checkCut(l, host, now, binds, 2*holdTime) == byChance {
 		return
 	}
 	switch {
@@ -1043,7 +1043,7 @@ const (
 // the record is forgotten. A cut that lowered the share is followed by
 // the next with the share since it as what came before: what remains may
 // be chance.
-func (m *hostModel) checkCut(now time.Time, binds bool, after time.Duration) cutVerdict {
+func (m *hostModel) checkCut(l *localLimiter, host string, now time.Time, binds bool, after time.Duration) cutVerdict {
 	c := &m.ctl
 	if c.cutAt.IsZero() || c.limit > 0 || now.Sub(c.cutAt) < after {
 		return unchecked
@@ -1080,6 +1080,7 @@ func (m *hostModel) checkCut(now time.Time, binds bool, after time.Duration) cut
 	}
 	c.cutAt = time.Time{}
 	m.exShare = r / n
+	l.log(host, "retryhttp: refusals by chance", slog.Float64("share", round2(m.exShare)))
 	if c.cutFrom == 0 {
 		m.ctl = control{slotFreed: c.slotFreed}
 		m.setState(HostFailing, now)
