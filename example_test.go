@@ -435,3 +435,99 @@ func ExamplePeekBody() {
 	fmt.Println(tries.Load(), "tries:", bytes.Contains(body, []byte("<CompleteMultipartUploadResult>")))
 	// Output: 2 tries: true
 }
+
+// An attempt that hangs is abandoned after its timeout and, a GET being
+// safe to repeat, tried again at once.
+func ExampleWithAttemptTimeout() {
+	var seen atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if seen.Add(1) == 1 {
+			<-r.Context().Done() // hangs until the client lets go
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+
+	client := retryhttp.NewClient(retryhttp.WithAttemptTimeout(100 * time.Millisecond))
+	resp, err := client.Get(srv.URL)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	fmt.Println(resp.StatusCode, string(body), "after", seen.Load(), "attempts")
+	// Output: 200 ok after 2 attempts
+}
+
+// One call can have an attempt timeout of its own, here a health check
+// that must answer fast or not at all.
+func ExamplePolicyAttemptTimeout() {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done() // never answers
+	}))
+	defer srv.Close()
+
+	client := retryhttp.NewClient()
+	ctx := retryhttp.ContextWithPolicy(context.Background(),
+		retryhttp.PolicyAttemptTimeout(50*time.Millisecond), retryhttp.PolicyNoRetry())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/healthz", nil)
+	_, err := client.Do(req)
+	var timeout *retryhttp.AttemptTimeoutError
+	fmt.Println(errors.As(err, &timeout), errors.Is(err, context.DeadlineExceeded))
+	// Output: true true
+}
+
+// A slow first attempt gets a second one after the hedging delay; the
+// first answer wins and the other attempt is cancelled.
+func ExampleWithHedging() {
+	var seen atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if seen.Add(1) == 1 {
+			select { // the slow replica
+			case <-time.After(5 * time.Second):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		io.WriteString(w, "fast")
+	}))
+	defer srv.Close()
+
+	client := retryhttp.NewClient(retryhttp.WithHedging(50 * time.Millisecond))
+	start := time.Now()
+	resp, err := client.Get(srv.URL)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	fmt.Println(string(body), time.Since(start) < time.Second)
+	// Output: fast true
+}
+
+// A host nothing gets through to is down: after a run of refused
+// connections, requests to it are handed back at once, without a dial,
+// but for a probe every half second.
+func ExampleTransport_HostStatus() {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL
+	srv.Close() // a dead address: every connection is refused
+
+	tr := retryhttp.New(retryhttp.WithBackoff(time.Millisecond, time.Millisecond))
+	client := &http.Client{Transport: tr}
+	if _, err := client.Get(url); err != nil {
+		fmt.Println("first call failed")
+	}
+	st, _ := tr.HostStatus(context.Background(), url)
+	fmt.Println(st.State)
+
+	_, err := client.Get(url)
+	fmt.Println(errors.Is(err, retryhttp.ErrHostDown))
+	// Output:
+	// first call failed
+	// down
+	// true
+}
