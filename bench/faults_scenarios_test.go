@@ -516,30 +516,40 @@ func (h *hangHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // TestFaultsHang: 1 request in 20 is held 10 s before its answer; 30
 // workers fetch 600 pages, each caller with an http.Client.Timeout of
-// 30 s. Nothing is asserted: retryhttp has no attempt timeout yet, and
-// this is issue 17's baseline (p50, p99, total time).
+// 30 s. Nothing is asserted: every library runs with its defaults, none
+// of which has an attempt timeout or hedging; this is issue 17's baseline
+// (p50, p99, total time). TestFaultsSlowTails (tails_test.go) runs the
+// same host with those turned on.
 func TestFaultsHang(t *testing.T) {
 	const workers, pages = 30, 600
 	runFaults(t, "hang", fmt.Sprintf("A handler that hangs: 1 request in 20 held 10 s, the others answered in 20 ms; %d workers, %d pages, http.Client.Timeout 30 s:", workers, pages),
 		pages, []string{"held", "p50", "p99"},
 		func(t *testing.T, lc limClient) faultRun {
-			var run faultRun
-			var hang *hangHost
-			inBubble(t, 300*time.Second, func(cancel context.CancelFunc) *faultHost {
-				hang = &hangHost{every: 20, hold: 10 * time.Second}
-				return newFaultHost(hang, cancel)
-			}, func(ctx context.Context, host *faultHost, base *http.Transport, url string) {
-				client := lc.make(base)
-				client.Timeout = 30 * time.Second
-				start := time.Now()
-				run.calls = closedLoop(ctx, client, url, workers, pages, start)
-				run.elapsed = time.Since(start)
-				run.requests = host.requests()
-				run.cut = cutReason(ctx, host)
-			})
+			run, held := hangRun(t, lc.make, workers, pages)
 			p50, p99 := latencies(run.calls)
-			run.figures = []string{fmt.Sprint(hang.held.Load()), ms(p50), ms(p99)}
+			run.figures = []string{fmt.Sprint(held), ms(p50), ms(p99)}
 			return run
 		},
 		func(faultRun, []faultRun) []string { return nil })
+}
+
+// hangRun is one run of workers over pages against a hangHost that holds
+// 1 request in 20 for 10 s, each caller with an http.Client.Timeout of
+// 30 s; it returns the run and how many requests the host held.
+func hangRun(t *testing.T, newClient func(http.RoundTripper) *http.Client, workers, pages int) (faultRun, int64) {
+	var run faultRun
+	var hang *hangHost
+	inBubble(t, 300*time.Second, func(cancel context.CancelFunc) *faultHost {
+		hang = &hangHost{every: 20, hold: 10 * time.Second}
+		return newFaultHost(hang, cancel)
+	}, func(ctx context.Context, host *faultHost, base *http.Transport, url string) {
+		client := newClient(base)
+		client.Timeout = 30 * time.Second
+		start := time.Now()
+		run.calls = closedLoop(ctx, client, url, workers, pages, start)
+		run.elapsed = time.Since(start)
+		run.requests = host.requests()
+		run.cut = cutReason(ctx, host)
+	})
+	return run, hang.held.Load()
 }

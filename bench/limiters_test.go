@@ -23,6 +23,7 @@ import (
 	"github.com/didip/tollbooth/v7"
 	"github.com/failsafe-go/failsafe-go"
 	"github.com/failsafe-go/failsafe-go/failsafehttp"
+	"github.com/failsafe-go/failsafe-go/retrypolicy"
 	"github.com/go-chi/httprate"
 	"github.com/hashicorp/go-cleanhttp"
 	"github.com/hashicorp/go-retryablehttp"
@@ -285,7 +286,13 @@ func newLimRetryablehttp(base http.RoundTripper) *http.Client {
 // request (inside a bubble a leaked body would also leave the transport's
 // goroutine blocked for ever).
 func newLimFailsafehttp(base http.RoundTripper) *http.Client {
-	policy := failsafehttp.NewRetryPolicyBuilder().
+	return &http.Client{Transport: failsafehttp.NewRoundTripper(base, failsafeRetryPolicy())}
+}
+
+// failsafeRetryPolicy is newLimFailsafehttp's retry policy: failsafehttp's
+// NewRetryPolicyBuilder() with its defaults and the two closing listeners.
+func failsafeRetryPolicy() retrypolicy.RetryPolicy[*http.Response] {
+	return failsafehttp.NewRetryPolicyBuilder().
 		OnRetryScheduled(func(e failsafe.ExecutionScheduledEvent[*http.Response]) {
 			if resp := e.LastResult(); resp != nil {
 				drainClose(resp)
@@ -297,7 +304,6 @@ func newLimFailsafehttp(base http.RoundTripper) *http.Client {
 			}
 		}).
 		Build()
-	return &http.Client{Transport: failsafehttp.NewRoundTripper(base, policy)}
 }
 
 // newLimRehttp is rehttp in a typical configuration: 3 retries of 429, 5xx
