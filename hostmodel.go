@@ -881,6 +881,13 @@ func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked 
 		if c.burstCut && m.fresh(now) && c.rate > 0 && cutShare*accepted < c.rate {
 			c.ceil = min(c.ceil, accepted)
 			c.guess = min(c.guess, int(math.Round(accepted)))
+			if c.guess == 0 && overlapped {
+				// The cut came with the burst's first refusal, before
+				// it could tell it was a burst (a 429 is explained at
+				// once): what the host took of it may be a limit in
+				// flight, as in cutRate.
+				c.guess, c.notBefore = int(math.Round(accepted)), c.holdUntil
+			}
 			m.setRate(l, host, max(cutShare*accepted, 1/holdTime.Seconds()), now)
 		}
 		return

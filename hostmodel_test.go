@@ -70,15 +70,16 @@ func pagesAt(t *testing.T, rt http.RoundTripper, url string, n, total int) (int,
 }
 
 // semaphoreHost serves `slots` requests at a time, each for `work`, and
-// answers 503 at once beyond: a concurrency limit.
+// answers `full` (503 unless set) at once beyond: a concurrency limit.
 type semaphoreHost struct {
 	slots    chan struct{}
 	work     time.Duration
+	full     int
 	requests atomic.Int64
 }
 
 func newSemaphoreHost(slots int, work time.Duration) *semaphoreHost {
-	return &semaphoreHost{slots: make(chan struct{}, slots), work: work}
+	return &semaphoreHost{slots: make(chan struct{}, slots), work: work, full: http.StatusServiceUnavailable}
 }
 
 func (h *semaphoreHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -86,7 +87,7 @@ func (h *semaphoreHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	select {
 	case h.slots <- struct{}{}:
 	default:
-		w.WriteHeader(http.StatusServiceUnavailable)
+		w.WriteHeader(h.full)
 		return
 	}
 	time.Sleep(h.work)
@@ -95,13 +96,20 @@ func (h *semaphoreHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // TestHostModelConcurrencyLimit: a host that serves 10 requests at a time,
-// 100 ms each (100 a second), and answers 503 beyond. 30 workers fetch 600
-// pages with the defaults: every page, at most 1.15 requests a page, within
-// 1.5 times the ideal 6 s. The limit is learned as one on what is in
-// flight.
+// 100 ms each (100 a second), and answers 503 beyond, or 429 (as go-chi's
+// Throttle does, without Retry-After). 30 workers fetch 600 pages with the
+// defaults: every page, at most 1.15 requests a page, within 1.5 times the
+// ideal 6 s. The limit is learned as one on what is in flight.
 func TestHostModelConcurrencyLimit(t *testing.T) {
+	for _, full := range []int{http.StatusServiceUnavailable, http.StatusTooManyRequests} {
+		t.Run(http.StatusText(full), func(t *testing.T) { concurrencyLimit(t, full) })
+	}
+}
+
+func concurrencyLimit(t *testing.T, full int) {
 	synctest.Test(t, func(t *testing.T) {
 		host := newSemaphoreHost(10, 100*time.Millisecond)
+		host.full = full
 		net := newPipeNet(host)
 		defer net.close()
 		tr := New(WithBase(net.tr))
