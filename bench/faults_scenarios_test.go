@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"github.com/go-chi/chi/v5/middleware"
 	"math"
 	"net/http"
 	"slices"
@@ -552,4 +553,67 @@ func hangRun(t *testing.T, newClient func(http.RoundTripper) *http.Client, worke
 		run.cut = cutReason(ctx, host)
 	})
 	return run, hang.held.Load()
+}
+
+// chiThrottleHost is go-chi's Throttle middleware, 10 at a time and no
+// backlog, in front of a handler taking 100 ms: beyond the 10 it answers
+// 429 at once, without Retry-After.
+type chiThrottleHost struct {
+	h       http.Handler
+	refused atomic.Int64
+}
+
+func newChiThrottleHost(limit int, work time.Duration) *chiThrottleHost {
+	return &chiThrottleHost{h: middleware.Throttle(limit)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(work)
+		w.Write([]byte("ok"))
+	}))}
+}
+
+func (c *chiThrottleHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rec := &statusRecorder{ResponseWriter: w}
+	c.h.ServeHTTP(rec, r)
+	if rec.status == http.StatusTooManyRequests {
+		c.refused.Add(1)
+	}
+}
+
+// TestFaultsChiThrottle: the concurrency limit of TestFaultsConcurrencyLimit
+// as go-chi's Throttle middleware makes it, answering 429 beyond the 10.
+// The same targets for retryhttp: every page, at most 1.15 requests a page,
+// within 9 s.
+func TestFaultsChiThrottle(t *testing.T) {
+	const workers, pages = 30, 600
+	runFaults(t, "chi-throttle", fmt.Sprintf("go-chi's Throttle(10) in front of a handler taking 100 ms, 429 beyond; %d workers, %d pages (ideal 6 s):", workers, pages),
+		pages, []string{"refused (429)", "p50", "p99"},
+		func(t *testing.T, lc limClient) faultRun {
+			var run faultRun
+			var th *chiThrottleHost
+			inBubble(t, 120*time.Second, func(cancel context.CancelFunc) *faultHost {
+				th = newChiThrottleHost(10, 100*time.Millisecond)
+				return newFaultHost(th, cancel)
+			}, func(ctx context.Context, host *faultHost, base *http.Transport, url string) {
+				start := time.Now()
+				run.calls = closedLoop(ctx, lc.make(base), url, workers, pages, start)
+				run.elapsed = time.Since(start)
+				run.requests = host.requests()
+				run.cut = cutReason(ctx, host)
+			})
+			p50, p99 := latencies(run.calls)
+			run.figures = []string{fmt.Sprint(th.refused.Load()), ms(p50), ms(p99)}
+			return run
+		},
+		func(r faultRun, _ []faultRun) []string {
+			var m []string
+			if r.fetched() < pages {
+				m = append(m, fmt.Sprintf("%d of %d pages, want every one", r.fetched(), pages))
+			}
+			if per := float64(r.requests) / float64(max(r.fetched(), 1)); per > 1.15 {
+				m = append(m, fmt.Sprintf("%.2f requests a page, want at most 1.15", per))
+			}
+			if r.elapsed > 9*time.Second {
+				m = append(m, fmt.Sprintf("%.2f s, want within 9 s", r.elapsed.Seconds()))
+			}
+			return m
+		})
 }

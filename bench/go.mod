@@ -6,6 +6,7 @@ require (
 	github.com/PuerkitoBio/rehttp v1.4.0
 	github.com/didip/tollbooth/v7 v7.0.2
 	github.com/failsafe-go/failsafe-go v0.9.8
+	github.com/go-chi/chi/v5 v5.5.0
 	github.com/go-chi/httprate v0.16.1
 	github.com/hashicorp/go-cleanhttp v0.5.2
 	github.com/hashicorp/go-retryablehttp v0.7.8
