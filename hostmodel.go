@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"slices"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -344,6 +345,11 @@ type hostModel struct {
 	ctl  control
 	down outage
 	q    quota
+
+	// The requests waiting for a slot in flight, in the order they came,
+	// and those a slot is kept for.
+	queue []*waiter
+	kept  []*waiter
 }
 
 // control is how an overloaded or recovering host is held: a rate, or a
@@ -373,7 +379,6 @@ type control struct {
 	cutAnswers float64    // answers to attempts sent since the cut, and the refusals among them
 	cutRefused float64
 	cutFrom    float64 // the pace before the cut; 0: none
-	slotFreed  chan struct{}
 }
 
 // outage is what a down host's record keeps.
@@ -578,7 +583,6 @@ func (m *hostModel) release(t uint64) (tracked bool, load int) {
 	if m.streak > 0 && seq < m.streakSeq {
 		m.older = max(m.older-1, 0)
 	}
-	m.ctl.wake() // a waiter for a slot may go
 	return true, load
 }
 
@@ -596,20 +600,91 @@ func (c *control) acked1(now time.Time) {
 	}
 }
 
-// wake lets the requests waiting for a slot in flight ask again.
-func (c *control) wake() {
-	if c.slotFreed != nil {
-		close(c.slotFreed)
-		c.slotFreed = nil
+// waiter is a request waiting for a slot in flight. Slots are handed over
+// in the order the requests came: a slot that frees is kept for the first
+// waiter (its ticket taken for it), which collects it when it asks again,
+// so that no request waits behind those that came after it.
+type waiter struct {
+	ch     chan struct{} // closed when it may ask again
+	ticket uint64        // the slot kept for it; 0: none, it asks as a newcomer
+	at     time.Time     // when the slot was kept
+	gone   bool          // it stopped waiting
+}
+
+// enqueue puts a request at the end of those waiting for a slot in flight.
+func (m *hostModel) enqueue() *waiter {
+	w := &waiter{ch: make(chan struct{})}
+	m.queue = append(m.queue, w)
+	return w
+}
+
+// wake hands the slots in flight that are free to the waiters, first come
+// first served, and lets every waiter ask again when the host is no longer
+// held to a limit in flight (or is down).
+func (m *hostModel) wake(now time.Time) {
+	m.expireKept(now)
+	for len(m.queue) > 0 {
+		w := m.queue[0]
+		if !w.gone {
+			if m.ctl.limit > 0 && m.state != HostDown {
+				if m.inflight >= m.ctl.limit {
+					return
+				}
+				w.ticket, w.at = m.send(now), now
+				m.kept = append(m.kept, w)
+			}
+			close(w.ch)
+		}
+		m.queue[0] = nil
+		m.queue = m.queue[1:]
 	}
 }
 
-// slot returns what a request waits on for a slot in flight.
-func (c *control) slot() <-chan struct{} {
-	if c.slotFreed == nil {
-		c.slotFreed = make(chan struct{})
+// releaseAll lets every waiter ask again, keeping no slot: the record is
+// being forgotten.
+func (m *hostModel) releaseAll() {
+	for _, w := range m.queue {
+		if !w.gone {
+			close(w.ch)
+		}
 	}
-	return c.slotFreed
+	m.queue, m.kept = nil, nil
+}
+
+// collect hands a waiter the slot kept for it, if one was: its ticket, or
+// 0.
+func (m *hostModel) collect(ch <-chan struct{}) uint64 {
+	for i, w := range m.kept {
+		if w.ch == ch {
+			m.kept = slices.Delete(m.kept, i, i+1)
+			return w.ticket
+		}
+	}
+	return 0
+}
+
+// cancelWait takes a waiter that stopped waiting out of the queue, and
+// frees the slot kept for it, if one was.
+func (m *hostModel) cancelWait(w *waiter, now time.Time) {
+	w.gone = true
+	if i := slices.Index(m.kept, w); i >= 0 {
+		m.kept = slices.Delete(m.kept, i, i+1)
+		m.release(w.ticket)
+		m.wake(now)
+	}
+}
+
+// expireKept frees the slots kept for waiters that did not come for them
+// within a hold (a Limiter shared with a Transport that never asks again).
+func (m *hostModel) expireKept(now time.Time) {
+	for i := 0; i < len(m.kept); {
+		if w := m.kept[i]; now.Sub(w.at) >= holdTime {
+			m.kept = slices.Delete(m.kept, i, i+1)
+			m.release(w.ticket)
+			continue
+		}
+		i++
+	}
 }
 
 // answer takes in what an attempt got, and makes the transition it calls
@@ -617,6 +692,7 @@ func (c *control) slot() <-chan struct{} {
 func (m *hostModel) answer(sig *Signal, l *localLimiter, host string) {
 	now := sig.Now
 	tracked, load := m.release(sig.Ticket)
+	defer m.wake(now) // a slot freed, or a limit changed: the waiters first
 	if !tracked && !sig.Canceled && (sig.Status != 0 || sig.Failed) {
 		m.ghosts = max(m.ghosts-1, 0)
 	}
@@ -728,7 +804,6 @@ func (m *hostModel) failure(sig *Signal, overlapped bool) {
 		// What the run does to the pace is not what the host took: the
 		// run may be an outage's first seconds, taken for overload.
 		m.shareBefore, m.ctlBefore = m.failShare, m.ctl
-		m.ctlBefore.slotFreed = nil
 	}
 	m.streak++
 	m.reachable = m.reachable || !sig.Unreachable
@@ -782,7 +857,7 @@ func (m *hostModel) fall(l *localLimiter, host string, now time.Time) {
 	m.down = outage{next: now.Add(probeEvery), oldRate: m.rateBefore, oldCtl: m.ctlBefore}
 	m.failShare = m.shareBefore // what the host failed before it was down
 	m.setState(HostDown, now)
-	m.ctl.wake()
+	m.wake(now)
 	l.log(host, "retryhttp: host down", slog.String("since", m.streakFrom.UTC().Format(time.RFC3339Nano)),
 		slog.String("last", m.lastFailure))
 }
@@ -798,7 +873,7 @@ func (m *hostModel) recover(l *localLimiter, host string, now time.Time) {
 	was := m.down.oldCtl
 	m.down = outage{}
 	m.streak = 0
-	m.ctl = control{slotFreed: m.ctl.slotFreed, step: probeStep}
+	m.ctl = control{step: probeStep}
 	if was.rate > 0 || was.limit > 0 {
 		m.ctl.rate, m.ctl.limit, m.ctl.ceil = was.rate, was.limit, was.ceil
 	} else {
@@ -855,7 +930,7 @@ func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked 
 	}
 	if m.state != HostOverloaded && m.state != HostRecovering {
 		m.setState(HostOverloaded, now)
-		*c = control{slotFreed: c.slotFreed}
+		*c = control{}
 	}
 	switch {
 	case c.limit > 0 && !tracked:
@@ -1024,7 +1099,7 @@ func (m *hostModel) adjust(l *localLimiter, host string, now time.Time) {
 		// settle: the pace holds nothing back, and nothing went wrong for
 		// long enough that what was learned is stale.
 		l.logPace(host, c.rate, 0)
-		m.ctl = control{slotFreed: c.slotFreed}
+		m.ctl = control{}
 		m.setState(HostHealthy, now)
 	}
 }
@@ -1089,7 +1164,7 @@ func (m *hostModel) checkCut(l *localLimiter, host string, now time.Time, binds 
 	m.exShare = r / n
 	l.log(host, "retryhttp: refusals by chance", slog.Float64("share", round2(m.exShare)))
 	if c.cutFrom == 0 {
-		m.ctl = control{slotFreed: c.slotFreed}
+		m.ctl = control{}
 		m.setState(HostFailing, now)
 		return byChance
 	}
@@ -1430,3 +1505,13 @@ func serverWait(resp *http.Response, now time.Time) (time.Duration, bool) {
 // learnMaxWindow is the longest window an announced quota may have: a
 // longer one is absurd, and ignored.
 const learnMaxWindow = 24 * time.Hour
+
+// tookQuota counts an attempt against the host's announced quota.
+func (m *hostModel) tookQuota() {
+	if m.q.active() {
+		m.q.taken++
+		if m.q.rolled {
+			m.q.since++
+		}
+	}
+}

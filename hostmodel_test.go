@@ -462,3 +462,49 @@ func TestHostModelOutageAndReturn(t *testing.T) {
 		}
 	})
 }
+
+// TestInFlightQueueOrder: the slots of a limit in flight go to the
+// requests waiting for one in the order they came; one that stops waiting
+// is passed over, and a slot kept for it goes to the next.
+func TestInFlightQueueOrder(t *testing.T) {
+	now := time.Unix(1000, 0)
+	m := &hostModel{state: HostOverloaded}
+	m.ctl.limit = 1
+	first := m.send(now)
+	w1, w2, w3 := m.enqueue(), m.enqueue(), m.enqueue()
+	closed := func(w *waiter) bool {
+		select {
+		case <-w.ch:
+			return true
+		default:
+			return false
+		}
+	}
+	m.wake(now)
+	if closed(w1) {
+		t.Fatal("a waiter went while the slot was taken")
+	}
+	m.release(first)
+	m.wake(now)
+	if !closed(w1) || closed(w2) || closed(w3) {
+		t.Fatalf("after one slot freed: %v %v %v, want only the first waiter to go", closed(w1), closed(w2), closed(w3))
+	}
+	t1 := m.collect(w1.ch)
+	if t1 == 0 || m.collect(w1.ch) != 0 {
+		t.Fatal("the first waiter's slot was not kept for it, or was handed twice")
+	}
+	m.cancelWait(w2, now) // the second stops waiting
+	m.release(t1)
+	m.wake(now)
+	if !closed(w3) || closed(w2) {
+		t.Fatalf("after the second left: w2 %v w3 %v, want the third to go", closed(w2), closed(w3))
+	}
+	// A slot kept and never collected is freed after a hold.
+	if m.inflight != 1 {
+		t.Fatalf("%d in flight, want the one kept for the third", m.inflight)
+	}
+	m.wake(now.Add(holdTime))
+	if m.inflight != 0 {
+		t.Errorf("%d in flight after a hold, want the uncollected slot freed", m.inflight)
+	}
+}

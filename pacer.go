@@ -71,6 +71,11 @@ type Attempt struct {
 	// CheckOnly asks whether the host is parked, taking no slot: the
 	// attempt already has one, and waited for it.
 	CheckOnly bool
+	// Waited is the Wait of the Reservation before, once it closed: a
+	// Limiter that keeps a freed slot in flight for the first of those
+	// waiting hands it over now. The in-process one does, so that no
+	// request waits behind those that came after it. Nil otherwise.
+	Waited <-chan struct{}
 }
 
 // Reservation is a Limiter's answer.
@@ -96,7 +101,8 @@ type Reservation struct {
 	Down *HostDownError
 	// Wait, when non-nil, says nothing was taken because the host's limit
 	// on attempts in flight is reached: the caller waits until it is
-	// closed, then asks again.
+	// closed, then asks again with Attempt.Waited set to it; it calls
+	// Cancel, when set, if it stops waiting first.
 	Wait <-chan struct{}
 	// Report asks for the attempt's answer, whatever it is, through Learn,
 	// with Ticket in the Signal: the Limiter keeps count of the host.
@@ -217,6 +223,21 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 		return m.admitDown(a.Host, a.Now), nil
 	}
 	m.adjust(l, a.Host, a.Now)
+	m.wake(a.Now) // a limit grown or gone: the waiters first
+	if a.Waited != nil {
+		if t := m.collect(a.Waited); t != 0 {
+			// The slot kept for it; the configured pace still applies.
+			res := s.reserve(st, a, a.Pace, 0)
+			if !res.OK {
+				m.release(t)
+				m.wake(a.Now)
+				return res, nil
+			}
+			m.tookQuota()
+			res.Report, res.Ticket, res.Latency = true, t, m.latencies.p95()
+			return res, nil
+		}
+	}
 	if m.q.active() {
 		if at, spent := m.quotaWait(a.Now); spent {
 			// The host's quota is spent: none remain until it says they
@@ -224,9 +245,14 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 			return Reservation{AskAgain: at}, nil
 		}
 	}
-	if m.ctl.limit > 0 && m.inflight >= m.ctl.limit {
+	if m.ctl.limit > 0 && (m.inflight >= m.ctl.limit || len(m.queue) > 0) {
 		m.ctl.busyAt = a.Now
-		return Reservation{Wait: m.ctl.slot()}, nil
+		w := m.enqueue()
+		return Reservation{Wait: w.ch, Cancel: func(now time.Time) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			m.cancelWait(w, now)
+		}}, nil
 	}
 	pace := a.Pace.min(m.pace())
 	if st.tat.Before(m.ctl.notBefore) {
@@ -239,12 +265,7 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 	if !res.OK {
 		return res, nil
 	}
-	if m.q.active() {
-		m.q.taken++
-		if m.q.rolled {
-			m.q.since++
-		}
-	}
+	m.tookQuota()
 	res.Report, res.Ticket, res.Latency = true, m.send(a.Now), m.latencies.p95()
 	return res, nil
 }
@@ -287,7 +308,7 @@ func (s *shard) reserve(st *hostState, a Attempt, pace Pace, horizon time.Durati
 // host has none. The caller holds the shard's lock.
 func (l *localLimiter) model(st *hostState, now time.Time) *hostModel {
 	if st.model != nil && st.model.expired(now) {
-		st.model.ctl.wake()
+		st.model.releaseAll()
 		st.model = nil
 		l.learning.Add(-1)
 	}
@@ -405,7 +426,7 @@ func (s *shard) add(l *localLimiter, host string, now time.Time) *hostState {
 		for h, st := range s.hosts {
 			if st.idle(now) {
 				if st.model != nil {
-					st.model.ctl.wake()
+					st.model.releaseAll()
 					l.learning.Add(-1)
 				}
 				delete(s.hosts, h)
@@ -564,6 +585,7 @@ func (t *Transport) admit(ctx context.Context, host string, now time.Time) (admi
 	for {
 		a.Now = now
 		res, err := t.limiter.Reserve(ctx, a)
+		a.Waited = nil
 		switch {
 		case err != nil:
 			return admission{at: now}, err
@@ -587,8 +609,12 @@ func (t *Transport) admit(ctx context.Context, host string, now time.Time) (admi
 			now = t.clock.Now()
 		case res.Wait != nil:
 			if err := t.waitInFlight(ctx, host, now, res.Wait, deadline); err != nil {
+				if res.Cancel != nil {
+					res.Cancel(t.clock.Now())
+				}
 				return admission{at: now}, err
 			}
+			a.Waited = res.Wait
 			now = t.clock.Now()
 		case !res.AskAgain.IsZero():
 			// A learned pace, or a spent quota, is waited out only as far
