@@ -14,11 +14,10 @@ import (
 
 // slowFirst answers the first request it sees after a minute (unless the
 // client gives up on it), and the others at once, recording each one's
-// resend count and body.
+// body.
 type slowFirst struct {
 	mu        sync.Mutex
 	n         int
-	resends   []int
 	bodies    []string
 	abandoned atomic.Int64
 }

@@ -1040,13 +1040,6 @@ func (m *hostModel) cutRate(l *localLimiter, host string, now time.Time, accepte
 	m.setRate(l, host, max(target, 1/holdTime.Seconds()), now)
 }
 
-// refusedShare is the share of the last second's answers that were
-// refusals.
-func (m *hostModel) refusedShare(now time.Time) float64 {
-	r := m.refusals.lastSecond(now)
-	return r / max(r+m.accepts.lastSecond(now), 1)
-}
-
 // setRate changes the learned pace, and logs a change that matters.
 func (m *hostModel) setRate(l *localLimiter, host string, r float64, now time.Time) {
 	c := &m.ctl
