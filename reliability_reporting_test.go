@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -219,13 +218,19 @@ func TestErrorsSayWhy(t *testing.T) {
 	var logMu sync.Mutex
 	logger := slog.New(slog.NewJSONHandler(&lockedWriter{w: &logs, mu: &logMu}, nil))
 	refused := "http://" + closedPort(t)
+	// A server that resets the connection once it has the request: the
+	// POST may have been acted on.
+	resetting := relStart(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		relHijackReset(w)
+	}), relServerOpts{})
 	for _, tc := range []struct {
 		name, method, url string
 		opts              []Option
 		want              string
 	}{
 		{"certificate", http.MethodGet, tlsSrv.URL, nil, "retryhttp: not retried (certificate error): "},
-		{"not idempotent", http.MethodPost, refused + "/", []Option{WithBase(&http.Transport{DialContext: resetAfterDial})}, "retryhttp: not retried (not idempotent): "},
+		{"not idempotent", http.MethodPost, resetting.URL + "/", nil, "retryhttp: not retried (not idempotent): "},
 		{"retries off", http.MethodGet, refused, []Option{WithMaxAttempts(1)}, "retryhttp: not retried (retries off): "},
 		{"gave up", http.MethodGet, refused, nil, "retryhttp: gave up after 3 attempts over "},
 	} {
@@ -249,18 +254,6 @@ func TestErrorsSayWhy(t *testing.T) {
 			t.Errorf("the log lacks %s:\n%s", want, logs.String())
 		}
 	}
-}
-
-// resetAfterDial dials a connection that breaks on its first write: a POST
-// that may have reached the server.
-func resetAfterDial(ctx context.Context, network, addr string) (net.Conn, error) {
-	c, s := net.Pipe()
-	go func() {
-		buf := make([]byte, 1)
-		s.Read(buf)
-		s.Close()
-	}()
-	return c, nil
 }
 
 type lockedWriter struct {
