@@ -794,7 +794,7 @@ func (m *hostModel) recover(l *localLimiter, host string, now time.Time) {
 	m.ctl.burst = max(1, int(m.ctl.rate*horizon.Seconds()))
 	m.ctl.grownAt, m.ctl.busyAt = now, now
 	m.setState(HostRecovering, now)
-	l.log(host, "retryhttp: host back", slog.Float64("pace", round2(m.ctl.rate)))
+	l.log(host, "retryhttp: host back", paceAttr("pace", m.ctl.rate))
 }
 
 // explained reports whether load explains a refusal (see the package
