@@ -1,0 +1,260 @@
+package redislimit_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/retryhttp/retryhttp"
+	"github.com/retryhttp/retryhttp/redislimit"
+	"github.com/retryhttp/retryhttp/redislimit/internal/redistest"
+	"golang.org/x/time/rate"
+)
+
+// One process of three loses Redis for 4 s while the others keep it: the
+// host gets one pace between them through the cut and after it heals.
+func TestPartialPartition(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartT(t)
+	proxy := redistest.StartProxy(t, srv.Addr)
+	host := newFleetHost(t)
+	const cut, heal, total = 1500 * time.Millisecond, 5500 * time.Millisecond, 7500 * time.Millisecond
+	members := []*member{{addr: srv.Addr}, {addr: srv.Addr}, {addr: proxy.Addr}}
+	start := runFleet(t, host, testPrefix(t), total, members,
+		event{cut, func() error { proxy.Cut(); return nil }},
+		event{heal, func() error { proxy.Heal(); return nil }})
+	ts := host.served()
+	t.Logf("per second: %s", perSecond(ts, start, total))
+	checkBusiest(t, "during the cut", ts, start, start.Add(cut-time.Second), start.Add(heal-time.Second))
+	checkBusiest(t, "at the heal", ts, start, start.Add(heal-time.Second), start.Add(total))
+	rate := float64(len(between(ts, start.Add(time.Second), start.Add(total-time.Second)))) / (total - 2*time.Second).Seconds()
+	t.Logf("%.1f/s from 1 s to %v", rate, total-time.Second)
+	if rate < 0.75*pace {
+		t.Errorf("%.1f/s, far below the pace of %d/s", rate, pace)
+	}
+}
+
+// A process that never reached Redis starts while Redis is down for all,
+// beside two that counted themselves: it does not add a pace of its own.
+func TestFirstContactDuringOutage(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		fail, heal func(*redistest.Server) error
+	}{
+		{"stopped", func(s *redistest.Server) error { s.Kill(); return nil }, (*redistest.Server).Restart},
+		{"frozen", debugSleep(3 * time.Second), func(*redistest.Server) error { return nil }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.StartT(t)
+			host := newFleetHost(t)
+			const fail, newcomer, heal, total = 1500 * time.Millisecond, 2 * time.Second, 4500 * time.Millisecond, 6500 * time.Millisecond
+			members := []*member{{addr: srv.Addr}, {addr: srv.Addr}, {addr: srv.Addr, start: newcomer}}
+			start := runFleet(t, host, testPrefix(t), total, members,
+				event{fail, func() error { return c.fail(srv) }},
+				event{heal, func() error { return c.heal(srv) }})
+			ts := host.served()
+			t.Logf("per second: %s", perSecond(ts, start, total))
+			checkBusiest(t, "whole run", ts, start, start, start.Add(total))
+		})
+	}
+}
+
+// A host parked for 30 s stays parked when Redis loses its data: restarted
+// empty, or flushed, with no process falling back (go-redis's retries hide
+// a restart this short), a process started after sends nothing to it.
+func TestParkingOutlivesData(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		lose func(*redistest.Server) error
+	}{
+		{"restarted", (*redistest.Server).Restart},
+		{"flushed", flushAll},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.StartT(t)
+			host := newFleetHost(t)
+			const park, lose, newcomer, total = time.Second, 2 * time.Second, 3500 * time.Millisecond, 5500 * time.Millisecond
+			members := []*member{{addr: srv.Addr}, {addr: srv.Addr}, {addr: srv.Addr}, {addr: srv.Addr, start: newcomer}}
+			start := runFleet(t, host, testPrefix(t), total, members,
+				event{park, func() error { host.refuse.Store(30); return nil }},
+				event{lose, func() error { return c.lose(srv) }})
+			ts := host.served()
+			parked := host.parkedAt()
+			if parked.IsZero() {
+				t.Fatal("the host never answered its 429")
+			}
+			after := between(ts, parked.Add(100*time.Millisecond), start.Add(total)) // not those already on the wire
+			t.Logf("per second: %s; parked at %v; %d requests after the 429 asked for 30 s",
+				perSecond(ts, start, total), parked.Sub(start).Round(time.Millisecond), len(after))
+			if len(after) > 0 {
+				t.Errorf("%d requests reached a host parked for 30 s after Redis lost the parking (first at %v)",
+					len(after), after[0].Sub(start).Round(time.Millisecond))
+			}
+		})
+	}
+}
+
+// capacityHost serves capacity requests a second (a bucket of capacity/4)
+// and answers the rest 429 with no header, as learn_test's host does.
+type capacityHost struct {
+	*httptest.Server
+	mu     sync.Mutex
+	ok, no []time.Time
+}
+
+func newCapacityHost(t *testing.T, capacity int) *capacityHost {
+	h := &capacityHost{}
+	lim := rate.NewLimiter(rate.Limit(capacity), capacity/4)
+	h.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		now := time.Now()
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if lim.AllowN(now, 1) {
+			h.ok = append(h.ok, now)
+			return
+		}
+		h.no = append(h.no, now)
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	t.Cleanup(h.Close)
+	return h
+}
+
+func (h *capacityHost) sent(from time.Time) (ok, no []time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return between(h.ok, from, from.Add(time.Hour)), between(h.no, from, from.Add(time.Hour))
+}
+
+// A learned pace outlives a quiet spell shorter than its minute: two
+// processes learn a host that serves 20/s, stop, and a process starting
+// 11 s later paces by what they learned from its first request, without
+// relearning it from scratch.
+func TestLearnedPaceKept(t *testing.T) {
+	t.Parallel()
+	addr := redistest.Addr(t)
+	prefix := testPrefix(t)
+	host := newCapacityHost(t, 20)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range 2 {
+		l := newLimiter(t, addr, prefix)
+		t.Cleanup(func() { l.Close() })
+		client := retryhttp.NewClient(retryhttp.WithLimiter(l))
+		wg.Go(func() { hammer(ctx, client, host.URL+"/", 4) })
+	}
+	wg.Wait()
+	ok, no := host.sent(time.Now().Add(-time.Minute))
+	t.Logf("learning: %d accepted, %d refused in 10 s", len(ok), len(no))
+	time.Sleep(11 * time.Second) // past learnWatch since the last refusal; within the minute
+	l := newLimiter(t, addr, prefix)
+	t.Cleanup(func() { l.Close() })
+	tr := retryhttp.New(retryhttp.WithLimiter(l))
+	learned, err := tr.HostPace(context.Background(), host.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("HostPace after 11 s quiet: %.1f/s", float64(learned.Limit))
+	if learned.Unlimited() || learned.Limit < 5 {
+		t.Fatalf("HostPace after 11 s quiet = %+v, want the pace learned", learned)
+	}
+	start := time.Now()
+	ctx, cancel = context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	hammer(ctx, &http.Client{Transport: tr}, host.URL+"/", 4)
+	ok, no = host.sent(start)
+	first := len(between(append(ok, no...), start, start.Add(100*time.Millisecond)))
+	t.Logf("the newcomer: %d requests in its first 100 ms, %d accepted and %d refused in 1.5 s", first, len(ok), len(no))
+	if max := 1 + int(float64(learned.Limit)/10+0.5) + 1; first > max {
+		t.Errorf("%d requests in the first 100 ms at a learned pace of %.1f/s, want at most %d", first, float64(learned.Limit), max)
+	}
+	if len(no) > 2 {
+		t.Errorf("%d refusals in 1.5 s: the newcomer relearned the host instead of pacing by what was learned", len(no))
+	}
+	if p, err := tr.HostPace(context.Background(), host.URL); err != nil || p.Unlimited() {
+		t.Errorf("HostPace after the newcomer's run = %+v, %v; want a learned pace", p, err)
+	}
+}
+
+// The shared bucket outlives Redis's data: restarted empty at once (no
+// process falls back) or flushed, the slots already handed out are not
+// handed out again.
+func TestBucketOutlivesData(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		lose func(*redistest.Server) error
+	}{
+		{"restarted", (*redistest.Server).Restart},
+		{"flushed", flushAll},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.StartT(t)
+			host := newFleetHost(t)
+			const lose, total = 1500 * time.Millisecond, 4 * time.Second
+			members := []*member{{addr: srv.Addr}, {addr: srv.Addr}, {addr: srv.Addr}}
+			start := runFleet(t, host, testPrefix(t), total, members, event{lose, func() error { return c.lose(srv) }})
+			ts := host.served()
+			t.Logf("per second: %s", perSecond(ts, start, total))
+			t.Logf("per 100ms from the loss: %v", histogram(between(ts, start.Add(lose), start.Add(total)), 100*time.Millisecond))
+			checkBusiest(t, "whole run", ts, start, start, start.Add(total))
+		})
+	}
+}
+
+func flushAll(s *redistest.Server) error {
+	rdb := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer rdb.Close()
+	return rdb.FlushAll(context.Background()).Err()
+}
+
+// A slow link (50-200 ms a command, past the 50 ms bound) for every
+// process: each falls back at the bound, nobody pays the latency, and
+// together they keep to the pace.
+func TestSlowLink(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartT(t)
+	host := newFleetHost(t)
+	const slow, total = time.Second, 5 * time.Second
+	var members []*member
+	var proxies []*redistest.Proxy
+	for range 3 {
+		p := redistest.StartProxy(t, srv.Addr)
+		proxies = append(proxies, p)
+		members = append(members, &member{addr: p.Addr, opts: []redislimit.Option{redislimit.WithTimeout(redislimit.DefaultTimeout)}})
+	}
+	start := runFleet(t, host, testPrefix(t), total, members, event{slow, func() error {
+		for _, p := range proxies {
+			p.SetLatency(50*time.Millisecond, 200*time.Millisecond)
+		}
+		return nil
+	}})
+	ts := host.served()
+	t.Logf("per second: %s", perSecond(ts, start, total))
+	checkBusiest(t, "whole run", ts, start, start, start.Add(total))
+	late := between(ts, start.Add(slow+time.Second), start.Add(total))
+	rate := float64(len(late)) / (total - slow - time.Second).Seconds()
+	t.Logf("%.1f/s on the slow link, after its first second", rate)
+	if rate < 0.85*pace {
+		t.Errorf("%.1f/s on the slow link, want near the pace of %d/s", rate, pace)
+	}
+	// Four requests queue for a third of the pace, 600 ms: a request that
+	// also paid the link's latency for each call would take far longer.
+	for i, m := range members {
+		if !m.l.Fallback() {
+			t.Errorf("member %d did not fall back on a link slower than its bound", i)
+		}
+		d := time.Duration(m.longest.Load())
+		t.Logf("member %d: longest request %v", i, d.Round(time.Millisecond))
+		if d > 1500*time.Millisecond {
+			t.Errorf("member %d: a request took %v", i, d)
+		}
+	}
+}
