@@ -28,6 +28,7 @@ type member struct {
 	addr  string                // where it reaches Redis: the server, or a proxy in front of it
 	rdb   redis.UniversalClient // instead of addr: a client of the test's (a Ring)
 	start time.Duration         // when it starts, from the start of the run
+	stop  time.Duration         // when it stops; zero: at the end of the run
 	opts  []redislimit.Option
 	l     *redislimit.Limiter // set by runFleet
 	// longest is the longest a request of the member took, in ns.
@@ -53,7 +54,7 @@ func runFleet(t *testing.T, host *fleetHost, prefix string, total time.Duration,
 	ctx, cancel := context.WithDeadline(context.Background(), start.Add(total))
 	defer cancel()
 	var wg sync.WaitGroup
-	for _, m := range members {
+	for i, m := range members {
 		rdb := m.rdb
 		if rdb == nil {
 			c := redis.NewClient(&redis.Options{Addr: m.addr})
@@ -68,7 +69,13 @@ func runFleet(t *testing.T, host *fleetHost, prefix string, total time.Duration,
 			if !sleepUntil(ctx, start.Add(m.start)) {
 				return
 			}
-			fleetHammer(ctx, client, host.URL+"/", 4, &m.longest)
+			mctx := ctx
+			if m.stop > 0 {
+				var cancel context.CancelFunc
+				mctx, cancel = context.WithDeadline(ctx, start.Add(m.stop))
+				defer cancel()
+			}
+			fleetHammer(mctx, client, host.URL+"/"+strconv.Itoa(i), 4, &m.longest)
 		})
 	}
 	sort.Slice(events, func(i, j int) bool { return events[i].at < events[j].at })
@@ -136,12 +143,13 @@ type fleetHost struct {
 	*httptest.Server
 	mu     sync.Mutex
 	hits   []time.Time
-	refuse atomic.Int64 // seconds of Retry-After for the next request; 0: serve
-	parked time.Time    // when the 429 went out
+	by     map[string][]time.Time // by member
+	refuse atomic.Int64           // seconds of Retry-After for the next request; 0: serve
+	parked time.Time              // when the 429 went out
 }
 
 func newFleetHost(t *testing.T) *fleetHost {
-	h := &fleetHost{}
+	h := &fleetHost{by: make(map[string][]time.Time)}
 	h.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		now := time.Now()
 		if secs := h.refuse.Swap(0); secs > 0 {
@@ -154,6 +162,7 @@ func newFleetHost(t *testing.T) *fleetHost {
 		}
 		h.mu.Lock()
 		h.hits = append(h.hits, now)
+		h.by[r.URL.Path] = append(h.by[r.URL.Path], now)
 		h.mu.Unlock()
 		w.Write([]byte("ok"))
 	}))
@@ -174,6 +183,20 @@ func (h *fleetHost) parkedAt() time.Time {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.parked
+}
+
+// members logs what each member sent, per second from start.
+func (h *fleetHost) members(t *testing.T, start time.Time, d time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	paths := make([]string, 0, len(h.by))
+	for p := range h.by {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		t.Logf("member %s per second: %s", strings.TrimPrefix(p, "/"), perSecond(h.by[p], start, d))
+	}
 }
 
 // between returns the moments of ts in [from, to).

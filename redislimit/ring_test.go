@@ -55,7 +55,7 @@ func TestRingParkingOutlivesShard(t *testing.T) {
 			srvs, ring := ringOf(t, 2)
 			host := newFleetHost(t)
 			prefix := testPrefix(t)
-			const park, kill, restart, newcomer, total = time.Second, 2 * time.Second, 3 * time.Second, 3500 * time.Millisecond, 5500 * time.Millisecond
+			const park, kill, restart, newcomer, total = time.Second, 1500 * time.Millisecond, 2500 * time.Millisecond, 3 * time.Second, 5 * time.Second
 			var dead *redistest.Server
 			members := []*member{{rdb: ring()}, {rdb: ring()}, {rdb: ring()}, {rdb: ring(), start: newcomer}}
 			events := []event{
@@ -124,7 +124,11 @@ func TestRingParkingPublished(t *testing.T) {
 	_, ring := ringOf(t, 2)
 	counter := &scriptCounter{}
 	rb := ring()
-	rb.AddHook(counter)
+	// The Limiter calls the shard it places a host on, not the Ring.
+	rb.ForEachShard(context.Background(), func(_ context.Context, c *redis.Client) error {
+		c.AddHook(counter)
+		return nil
+	})
 	b := newRingLimiter(t, rb)
 	a := newRingLimiter(t, ring())
 	checkParkingReachesWaiter(t, a, b)
