@@ -48,6 +48,17 @@ func TestPartialPartition(t *testing.T) {
 			if rate < 0.75*pace {
 				t.Errorf("%.1f/s, far below the pace of %d/s", rate, pace)
 			}
+			// The process cut off is neither held up nor unpaced: it paces
+			// its third in process, once the others can have stopped
+			// counting it present.
+			host.mu.Lock()
+			cutOff := len(between(host.by["/2"], start.Add(cut+time.Second), start.Add(heal)))
+			host.mu.Unlock()
+			share := float64(pace) / 3 * (heal - cut - time.Second).Seconds()
+			t.Logf("the process cut off sent %d in the last %v of the cut, its share being %.0f", cutOff, heal-cut-time.Second, share)
+			if float64(cutOff) < 0.6*share {
+				t.Errorf("the process cut off sent %d in %v, want about its share of %.0f", cutOff, heal-cut-time.Second, share)
+			}
 		})
 	}
 }
@@ -59,15 +70,17 @@ func TestIdleProcessGivesShareBack(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartT(t)
 	host := newFleetHost(t)
-	const stop, total = 1500 * time.Millisecond, 3500 * time.Millisecond
+	// It gives its claim back once it has not called for the time its
+	// last call gave it to call again: its queue's lead, 600 ms here.
+	const stop, total = 1500 * time.Millisecond, 4 * time.Second
 	members := []*member{{addr: srv.Addr}, {addr: srv.Addr}, {addr: srv.Addr, stop: stop}}
 	start := runFleet(t, host, testPrefix(t), total, members)
 	ts := host.served()
 	t.Logf("per second: %s", perSecond(ts, start, total))
 	host.members(t, start, total)
-	after := between(ts, start.Add(stop+500*time.Millisecond), start.Add(total))
-	rate := float64(len(after)) / (total - stop - 500*time.Millisecond).Seconds()
-	t.Logf("%.1f/s from 0.5 s after one process stopped", rate)
+	after := between(ts, start.Add(stop+time.Second), start.Add(total))
+	rate := float64(len(after)) / (total - stop - time.Second).Seconds()
+	t.Logf("%.1f/s from 1 s after one process stopped", rate)
 	if rate < 0.9*pace {
 		t.Errorf("%.1f/s after one process of three stopped, want the pace of %d/s", rate, pace)
 	}
@@ -199,7 +212,7 @@ func TestLearnedPaceKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("HostPace after 11 s quiet: %.1f/s", float64(learned.Limit))
-	if learned.Unlimited() || learned.Limit < 5 {
+	if learned.Unlimited() {
 		t.Fatalf("HostPace after 11 s quiet = %+v, want the pace learned", learned)
 	}
 	start := time.Now()
@@ -212,8 +225,10 @@ func TestLearnedPaceKept(t *testing.T) {
 	if max := 1 + int(float64(learned.Limit)/10+0.5) + 1; first > max {
 		t.Errorf("%d requests in the first 100 ms at a learned pace of %.1f/s, want at most %d", first, float64(learned.Limit), max)
 	}
-	if len(no) > 2 {
-		t.Errorf("%d refusals in 1.5 s: the newcomer relearned the host instead of pacing by what was learned", len(no))
+	// At the pace learned the host refuses nothing at first; a relearn
+	// from scratch starts with a burst it refuses.
+	if early := between(no, start, start.Add(500*time.Millisecond)); len(early) > 0 {
+		t.Errorf("%d refusals in the first 500 ms: the newcomer relearned the host instead of pacing by what was learned", len(early))
 	}
 	if p, err := tr.HostPace(context.Background(), host.URL); err != nil || p.Unlimited() {
 		t.Errorf("HostPace after the newcomer's run = %+v, %v; want a learned pace", p, err)
@@ -242,7 +257,24 @@ func TestBucketOutlivesData(t *testing.T) {
 			t.Logf("per second: %s", perSecond(ts, start, total))
 			t.Logf("per 100ms from the loss: %v", histogram(between(ts, start.Add(lose), start.Add(total)), 100*time.Millisecond))
 			checkBusiest(t, "whole run", ts, start, start, start.Add(total))
+			checkGoesOn(t, ts, start.Add(lose-500*time.Millisecond), start.Add(total-500*time.Millisecond))
 		})
+	}
+}
+
+// checkGoesOn fails t when the pace stops for long in [from, to): the
+// processes know what Redis lost, and keep their shares through it.
+func checkGoesOn(t *testing.T, ts []time.Time, from, to time.Time) {
+	t.Helper()
+	in := between(ts, from, to)
+	gap := time.Duration(0)
+	for i := 1; i < len(in); i++ {
+		gap = max(gap, in[i].Sub(in[i-1]))
+	}
+	rate := float64(len(in)) / to.Sub(from).Seconds()
+	t.Logf("%.1f/s around the loss, longest gap %v", rate, gap.Round(time.Millisecond))
+	if rate < 0.7*pace || gap > 400*time.Millisecond {
+		t.Errorf("%.1f/s around the loss and a gap of %v: the pace stopped", rate, gap.Round(time.Millisecond))
 	}
 }
 
@@ -259,7 +291,10 @@ func TestSlowLink(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartT(t)
 	host := newFleetHost(t)
-	const slow, total = time.Second, 5 * time.Second
+	// The link slows once every process has been counted with its full
+	// share (a process that joined late has less until the others have
+	// heard of it, and waits meanwhile).
+	const slow, total = 2 * time.Second, 6 * time.Second
 	var members []*member
 	var proxies []*redistest.Proxy
 	for range 3 {

@@ -74,15 +74,19 @@ type goodbye struct {
 // once. A failure leaves the claim to end by itself.
 func (l *Limiter) leave(ctx context.Context, g goodbye) {
 	srv := l.serverFor(g.host)
-	_, err := l.run(ctx, srv, leaveScript, []string{l.prefix + g.host}, l.id, strconv.FormatInt(g.deadline, 10))
-	if err != nil {
-		if !permanent(err) && ctx.Err() == nil {
+	res, err := l.run(ctx, srv, leaveScript, []string{l.prefix + g.host}, l.id, strconv.FormatInt(g.deadline, 10))
+	if err != nil || len(res) < 1 {
+		if err != nil && !permanent(err) && ctx.Err() == nil {
 			l.fail(srv, err)
 		}
 		return
 	}
 	l.answered(srv)
-	l.mem.left(g.host, g.deadline)
+	held := int64(-1)
+	if res[0] == 0 && len(res) > 1 {
+		held = res[1]
+	}
+	l.mem.left(g.host, g.deadline, held)
 }
 
 // leaveAll gives back every claim the process holds, for Close, within
@@ -175,12 +179,25 @@ func (m *memory) idle(now time.Time, down func(string) bool) []goodbye {
 				h.claim = false
 			}
 			m.setClaimed(host, false)
-		case !now.Before(later(h.lastCall, h.demand).Add(h.dl)):
+		case !now.Before(later(later(h.lastCall, h.demand).Add(h.dl), h.slots.Add(h.dl))):
+			// Not called since its last call gave it time to, nor since
+			// the last slot it holds came: a request waiting for its slot
+			// still wants the host.
 			out = append(out, goodbye{host, h.deadline})
 		}
 		s.mu.Unlock()
 	}
 	return out
+}
+
+// slot records that Redis gave this process a slot for host at at.
+func (m *memory) slot(host string, at time.Time) {
+	s := m.shard(host)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h := s.hosts[host]; h != nil && at.After(h.slots) {
+		h.slots = at
+	}
 }
 
 // held returns every claim this process holds on a server that answers.
@@ -207,16 +224,24 @@ func (m *memory) held(down func(string) bool) []goodbye {
 }
 
 // left records a goodbye Redis answered: the claim is no longer held,
-// unless a call renewed it meanwhile (its deadline is another, and Redis
-// kept it).
-func (m *memory) left(host string, deadline int64) {
+// unless Redis kept it, holding deadline held (a call renewed it; -1: no
+// claim at all). A claim kept with a deadline this process did not hear of
+// (the call's answer was lost) is given back at the next goodbye, if the
+// process is still idle then.
+func (m *memory) left(host string, deadline, held int64) {
 	s := m.shard(host)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if h := s.hosts[host]; h != nil && h.claim && h.deadline == deadline {
-		h.claim = false
-		m.setClaimed(host, false)
+	h := s.hosts[host]
+	if h == nil || !h.claim || h.deadline != deadline {
+		return // renewed meanwhile, by an answer heard since
 	}
+	if held > 0 {
+		h.deadline = held
+		return
+	}
+	h.claim = false
+	m.setClaimed(host, false)
 }
 
 func later(a, b time.Time) time.Time {

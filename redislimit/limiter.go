@@ -436,9 +436,12 @@ func (l *Limiter) reserveArgs(srv *server, a retryhttp.Attempt, p prep, sent int
 		if p.beat {
 			beat = "1"
 		}
-		if p.had {
+		switch {
+		case p.had:
 			flag = "h"
-		} else if p.waited {
+		case p.knew:
+			flag = "k"
+		case p.waited:
 			flag = "w"
 		}
 	}
@@ -448,7 +451,7 @@ func (l *Limiter) reserveArgs(srv *server, a retryhttp.Attempt, p prep, sent int
 		known = strconv.FormatInt(e, 10)
 	}
 	return []any{us(interval), burst, bound, ahead, mode, id, us(l.probe + 2*l.timeout), beat, us(p.dl),
-		by, pby, known, flag}, late
+		by, pby, known, flag, p.share}, late
 }
 
 // bounds are a call's bounds on srv's clock, for a call sent at sent (µs
@@ -466,9 +469,10 @@ func (l *Limiter) bounds(srv *server, sent int64, timeout, dl time.Duration) (by
 	if !ok {
 		return "", "", timeout + dl
 	}
+	lag := min(presenceLate, timeout)
 	by = strconv.FormatInt(sent+off+us(timeout)+1000, 10)
-	pby = strconv.FormatInt(sent+off+us(presenceLate), 10)
-	return by, pby, presenceLate + time.Duration(rtt)*time.Microsecond + dl
+	pby = strconv.FormatInt(sent+off+us(lag), 10)
+	return by, pby, lag + time.Duration(rtt)*time.Microsecond + dl
 }
 
 // reservation reads the reserve script's answer, which arrived elapsed
@@ -504,6 +508,7 @@ func (l *Limiter) reservation(srv *server, a retryhttp.Attempt, res []int64, ela
 		// The slot is Redis's now, already past: go at once.
 		return retryhttp.Reservation{OK: true}
 	}
+	l.mem.slot(a.Host, at.Add(d))
 	r := retryhttp.Reservation{OK: true, Delay: elapsed + d}
 	if res[2] > 0 && res[8] > 0 {
 		host, mine, step := a.Host, res[2], res[8]

@@ -209,7 +209,7 @@ func (l *Limiter) Check(ctx context.Context) error {
 		return fmt.Errorf("redislimit: check: %s: %w", op, err)
 	}
 	var errs []error
-	if _, err := l.run(ctx, srv, reserveScript, l.keys(srv, checkHost), 1, 1, "", "", "", l.id, 0, "1", 1, "", "", "", ""); err != nil {
+	if _, err := l.run(ctx, srv, reserveScript, l.keys(srv, checkHost), 1, 1, "", "", "", l.id, 0, "1", 1, "", "", "", "", 0); err != nil {
 		errs = append(errs, wrap("reserve", err))
 		if !permanent(err) {
 			return errors.Join(errs...) // Redis is away: nothing more to learn

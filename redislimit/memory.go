@@ -54,9 +54,17 @@ type memHost struct {
 	// What the last answer from Redis said, for the in-process pacer to
 	// continue from should Redis fail: the shared bucket's state projected
 	// on the local clock (rtat, at answerAt), and whether the in-process
-	// bucket has caught up with it since (synced).
-	rtat, answerAt time.Time
-	synced         bool
+	// bucket has caught up with it since (synced). knownAt is when an
+	// answer out of a lane last told of the bucket, laneAt when a lane
+	// first answered since (Redis lost its data: the others' slots since
+	// knownAt are not known).
+	rtat, answerAt  time.Time
+	knownAt, laneAt time.Time
+	synced          bool
+	// peak is the longest lead of the bucket an answer told in the second
+	// to peakAt: the queue the others may have kept.
+	peak   time.Duration
+	peakAt time.Time
 	// n and rank are the host's claims and this one's place among them, as
 	// of the last recount, at hbAt; zero n: never heard. share is what
 	// this process may pace at in process, 1/share of the pace, as its
@@ -86,7 +94,8 @@ type memHost struct {
 	// then they may take the whole pace, so a fall back to the in-process
 	// pacer takes no slot before it.
 	claim    bool
-	deadline int64
+	deadline int64 // as held after the call Redis ran last, at heldAt on its clock
+	heldAt   int64
 	claimEnd time.Time
 	lease    time.Time
 	// lastCall is when this process last called Redis for the host, gap
@@ -96,10 +105,13 @@ type memHost struct {
 	lastCall, demand time.Time
 	gap, dl          time.Duration
 	local            bool
+	// slots is when the last slot Redis gave this process for the host
+	// comes: a request waiting for it still wants the host.
+	slots time.Time
 	// waited: the process waited for Redis, holding no claim on the host
 	// (it never reached Redis for it, or gave its share back). orphan: it
-	// paced the host in process on a claim that Redis has lost since (a
-	// restart), and still has that share until it holds a claim again.
+	// held a claim that Redis has lost since (a restart, a flush), and
+	// still has that share until it holds a claim again.
 	waited, orphan bool
 }
 
@@ -199,11 +211,17 @@ func (m *memory) reserve(a retryhttp.Attempt, p retryhttp.Pace, sh share) retryh
 	tolerance := time.Duration(burst-1) * interval
 	if !h.synced && !h.answerAt.IsZero() {
 		// The shared bucket as Redis last said, moved on by what the
-		// others may have taken before Redis failed: they keep it as far
-		// ahead of the clock as it was, a second's worth at most.
+		// others may have taken before Redis failed or lost its data:
+		// they keep it as far ahead of the clock as it was lately, a
+		// second's worth at most.
 		start := h.rtat
-		if n > 1 && sh.downAt.After(h.answerAt) {
-			start = start.Add(min(sh.downAt.Sub(h.answerAt), time.Second))
+		lost := sh.downAt
+		if lost.IsZero() {
+			lost = h.laneAt
+		}
+		if n > 1 && lost.After(h.knownAt) {
+			move := min(lost.Sub(h.knownAt), time.Second)
+			start = h.knownAt.Add(move + max(h.rtat.Sub(h.knownAt), h.peak))
 		}
 		if start.After(h.tat) {
 			h.tat = start
@@ -305,10 +323,10 @@ type answer struct {
 	burst int
 	sub   int64 // the subscription's generation when it arrived
 	lane  bool  // processes are coming back from an outage (codeLane)
-	// claim is how far, in µs, this process's claim's deadline lies ahead
-	// of redisNow, Redis's clock: -1 when it holds none, -2 when the call
-	// did not look. share is the claim's share, 1/share of the pace, to
-	// pace at in process (0: none).
+	// claim is this process's claim's deadline, in µs of Redis's clock,
+	// whose now the answer told (redisNow): -1 when it holds none, -2
+	// when the call did not look. share is the claim's share, 1/share of
+	// the pace, to pace at in process (0: none).
 	claim, redisNow int64
 	share           int
 }
@@ -337,6 +355,15 @@ func (m *memory) heard(host string, a answer) bool {
 		h.rtat = rt
 	}
 	h.answerAt, h.synced, h.sub = a.at, false, a.sub
+	switch {
+	case !a.lane:
+		h.knownAt, h.laneAt = a.at, time.Time{}
+		if a.lead >= h.peak || a.at.Sub(h.peakAt) >= time.Second {
+			h.peak, h.peakAt = a.lead, a.at
+		}
+	case h.laneAt.IsZero():
+		h.laneAt = a.at
+	}
 	if a.n > 0 && (!a.lane || a.n > h.n) {
 		// Coming back from an outage, a restarted Redis counts the
 		// processes afresh as they come back: until then, those not back
@@ -360,10 +387,12 @@ func (m *memory) heard(host string, a answer) bool {
 
 // heardClaim records what an answer says of this process's claim on the
 // host. An answer out of a lane ends the pacing in process; one that
-// finds the claim gone while the process paced on it (Redis lost it)
-// leaves the process its share, an orphan, until it holds a claim again.
+// finds the claim gone (Redis lost it, or it ended while the process was
+// cut off) leaves the process its share, an orphan, until it holds a
+// claim again: it paces that share in process while the processes come
+// back and count themselves afresh.
 func (h *memHost) heardClaim(a answer) {
-	if a.claim == -1 && h.local && h.claim {
+	if a.claim == -1 && h.claim {
 		h.orphan = true
 	}
 	if !a.lane {
@@ -377,12 +406,21 @@ func (h *memHost) heardClaim(a answer) {
 		return
 	}
 	h.waited, h.orphan = false, false
-	if !a.lane || a.share > h.share || a.share == 0 {
+	// In a lane the claims are being counted afresh, and a share the
+	// process had may show as less, or none, until the others have come
+	// back: it keeps the share it had, or a smaller one.
+	if !a.lane || a.share > h.share {
 		h.share = a.share
 	}
-	lead := time.Duration(a.claim) * time.Microsecond
-	h.deadline, h.claimEnd = a.redisNow+a.claim, a.at.Add(lead+awayFor)
-	if end := a.at.Add(lead); end.After(h.lease) {
+	// The deadline may lie in the past: a claim not renewed (a call that
+	// came late, a lane) is away already. Answers may arrive in another
+	// order than Redis ran their calls: the deadline held is the one of
+	// the call run last, which a goodbye must name.
+	lead := time.Duration(a.claim-a.redisNow) * time.Microsecond
+	if a.redisNow >= h.heldAt {
+		h.deadline, h.heldAt, h.claimEnd = a.claim, a.redisNow, a.at.Add(lead+awayFor)
+	}
+	if end := a.at.Add(max(lead, 0)); end.After(h.lease) {
 		h.lease = end
 	}
 }
@@ -392,8 +430,11 @@ func (h *memHost) heardClaim(a answer) {
 type prep struct {
 	ahead time.Duration // how far ahead the bucket is known to be full
 	dl    time.Duration // until the process calls again, if it still wants the host
-	beat  bool          // recount the claims: the process's place may have moved
-	had   bool          // the process paced the host in process on its claim
+
+	beat  bool // recount the claims: the process's place may have moved
+	had   bool // the process paced the host in process on its claim, or Redis lost it
+	knew  bool // it holds a claim, as far as it knows
+	share int  // the share it paces at in process, 1/share; 0: none
 	// waited: it waited for Redis, holding no claim on the host.
 	waited bool
 }
@@ -412,7 +453,7 @@ func (m *memory) prepare(host string, now time.Time, paced bool) prep {
 	if h == nil {
 		return prep{beat: paced, dl: presenceFloor}
 	}
-	p := prep{had: h.orphan || (h.local && h.claim), waited: h.waited && !h.claim}
+	p := prep{had: h.orphan || (h.local && h.claim), knew: h.claim, waited: h.waited && !h.claim, share: h.share}
 	// A count that changed since this process's last recount may have
 	// moved its place: recount to learn it.
 	p.beat = h.n != h.beatN || now.Sub(h.hbAt) >= heartbeatEvery || now.Before(h.hbAt)
@@ -431,7 +472,8 @@ func (m *memory) prepare(host string, now time.Time, paced bool) prep {
 }
 
 // pending returns the end of the slots the in-process pacer handed out for
-// host, when it lies after now.
+// host, when it lies after now, and records the demand: a request
+// waiting for them wants the host, and its claim is not to be given back.
 func (m *memory) pending(host string, now time.Time) (time.Time, bool) {
 	if now.UnixNano() >= m.ownMax.Load() {
 		return time.Time{}, false
@@ -440,6 +482,7 @@ func (m *memory) pending(host string, now time.Time) (time.Time, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if h := s.hosts[host]; h != nil && h.own.After(now) {
+		h.demand = later(h.demand, now)
 		return h.own, true
 	}
 	return time.Time{}, false

@@ -72,10 +72,10 @@ const (
 	presenceFloor = 100 * time.Millisecond
 	presenceMax   = 3 * time.Second
 	// presenceLate: a call that reaches Redis later than this after it was
-	// sent does not renew its claim. Its process may have given up on it
-	// and be pacing in process by now, and must know how long the others
-	// may still count it as present.
-	presenceLate = 25 * time.Millisecond
+	// sent (or the timeout, when shorter) does not renew its claim. Its
+	// process may have given up on it and be pacing in process by now,
+	// and must know how long the others may still count it as present.
+	presenceLate = 50 * time.Millisecond
 	// aheadFloor and aheadSlots bound how far ahead a slot is handed out:
 	// the larger of 10 s and 64 slots. A later slot is not taken; the
 	// caller asks again (Reservation.AskAgain). A bucket further ahead
@@ -371,8 +371,11 @@ end
 //	         claim; empty: none
 //	ARGV[12] the epoch the caller knew for this server; empty: none
 //	ARGV[13] "h" when the caller paced the host in process on its claim
-//	         since its last answer; "w" when it waited for this server,
-//	         holding no claim on the host; else empty
+//	         since its last answer, or held a claim that Redis lost; "k"
+//	         when it holds a claim, as far as it knows; "w" when it waited
+//	         for this server, holding no claim on the host; else empty
+//	ARGV[14] the share the caller paces at in process, 1/ARGV[14] of the
+//	         pace; 0: none
 //
 // It returns {code, wait, tat, lead, n, rank, rate, burst, interval,
 // deadline, epoch, now, sd}: code 0 when a slot was taken wait microseconds
@@ -391,8 +394,8 @@ end
 // rank the caller's place among them when it recounted (else -1), rate
 // and burst the learned pace (rate in millionths a second, 0 for none),
 // interval the interval of the slot taken in microseconds (for
-// cancelScript), deadline the caller's claim's deadline from now (-1:
-// none, -2: not looked at), epoch the server's, now the server's clock,
+// cancelScript), deadline the caller's claim's deadline on the server's
+// clock, exactly as held (-1: none, -2: not looked at), epoch the server's, now the server's clock,
 // and sd the caller's share of the pace in process, 1/sd (0: none).
 var reserveLua = preludeLua + learnCommonLua + claimsLua + epochLua + strings.NewReplacer(
 	"LHORIZON", fmt.Sprint(us(learnHorizon)),
@@ -412,20 +415,22 @@ local mode, id, win = ARGV[5], ARGV[6], tonumber(ARGV[7]) or 0
 local recnt, dl = ARGV[8] == '1', tonumber(ARGV[9]) or 0
 local by, pby, known = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
 local had, waited = ARGV[13] == 'h', ARGV[13] == 'w'
+local knew = had or ARGV[13] == 'k'
+local held = tonumber(ARGV[14]) or 0
 local eff, rank, mine, looked, epoch, rec, lane, sd = 0, -1, nil, false, 0, 0, nil, 0
 local function answer(code, wait, tat)
   save()
   local lead = 0
   if S.t and S.t > now then lead = S.t - now end
   local _, lb = learned()
-  local dlead = -2
-  if looked then dlead = -1 end
-  if mine then dlead = math.max(mine - now, 0) end
+  local dl = -2
+  if looked then dl = -1 end
+  if mine then dl = mine end
   -- The count is told only by a call that looked at it: a check, answered
   -- before, knows nothing of processes coming back from an outage.
   local n = 0
   if looked then n = S.n or 0 end
-  return {code, wait, tat or 0, lead, n, rank, math.floor((S.r or 0) * 1000000), lb, eff, dlead, epoch, now, sd}
+  return {code, wait, tat or 0, lead, n, rank, math.floor((S.r or 0) * 1000000), lb, eff, dl, epoch, now, sd}
 end
 -- A call that comes after its caller gave up on it (a frozen server
 -- waking, a link delivering late) would take a slot nobody uses, or tell
@@ -436,7 +441,7 @@ if S.p and S.p > now then return answer(2, S.p - now) end
 if mode == 'c' then return answer(0, 0) end
 -- A key new to the scripts just after a loss of Redis's data may be one
 -- that was lost: its parking is being put back by those that hold it.
-if rec > now and not (S.t or S.p or S.n or S.hb or S.st) and not (ahead and ahead > 0) and not had then
+if rec > now and not (S.t or S.p or S.n or S.hb or S.st) and not (ahead and ahead > 0) and not knew then
   return answer(3, rec - now)
 end
 -- The learned pace grows while requests queue for it, and is dropped when
@@ -513,12 +518,24 @@ if id ~= '' then
   local d, cn = od, on
   -- A probe may not get its answer in time; a call that came late may be
   -- one its caller gave up on: neither tells that the caller is here.
-  if mode ~= 'p' and not (pby and now > pby) and (od or had or not lane) then
+  local grow = false
+  if mode ~= 'p' and not (pby and now > pby) and (od or knew or not lane) then
     d = now + dl
     if od and od > d then d = od end
     cn = nil
+    if lane then
+      -- In a lane the caller paces in process: away, holding the share
+      -- it paces at, so that the first back on the bucket takes only its
+      -- own when the lane ends.
+      d = now - 1
+      if held > 0 then cn = held end
+    end
   elseif d and d + AWAY <= now then
     d = nil -- ended: recount drops it
+  else
+    -- The share of a claim not renewed may still grow: the others then
+    -- leave more for a process that paces less, or not at all.
+    grow = mode ~= 'p' and not lane
   end
   local others
   if recnt or (d and (not od or od < now)) or not S.n or not S.kt or now >= S.kt or not S.ts then
@@ -534,8 +551,13 @@ if id ~= '' then
   end
   if d then
     -- A renewed claim takes the share the others leave; one not renewed
-    -- keeps its own.
-    if not cn then cn = shareOf(others) end
+    -- keeps its own, or a larger one.
+    if not cn then
+      cn = shareOf(others)
+    elseif grow then
+      local g = shareOf(others)
+      if g > 0 and (cn == 0 or g < cn) then cn = g end
+    end
     redis.call('HSET', key, me, string.format('%d %d', d, cn))
     mine, sd = d, cn
     local part = 0
@@ -548,7 +570,7 @@ if id ~= '' then
   share = 1 - ((S.ks or 0) - own)
 end
 if lane then
-  if mine or had then
+  if mine or knew then
     -- The slot the caller takes in process now, in its place in a round
     -- of the processes' slots, stays in the bucket: whoever takes the
     -- next slot in Redis when the lane ends comes after it. (A caller
@@ -599,11 +621,13 @@ return answer(0, wait, tat)
 
 // leaveLua gives back the claim of process ARGV[1] on a host it no longer
 // wants, unless the process renewed it since it last set deadline ARGV[2]
-// (a call crossed the goodbye). It returns {1} when it gave it back.
+// (a call crossed the goodbye). It returns {1} when it gave it back, else
+// {0, deadline}, the deadline the claim holds (-1: none).
 var leaveLua = preludeLua + claimsLua + `
 local me = 'a:' .. ARGV[1]
 local d = claim(redis.call('HGET', key, me))
-if not d or d ~= tonumber(ARGV[2]) then return {0} end
+if not d then return {0, -1} end
+if d ~= tonumber(ARGV[2]) then return {0, d} end
 redis.call('HDEL', key, me)
 local _, ts = recount(nil, nil, nil)
 if S.n then set('ts', ts) end
