@@ -118,11 +118,8 @@ func (l *Limiter) checkEpochs() {
 		if srv.down.Load() {
 			srv.epochAt.Store(since) // a failure says nothing new: once per epochEvery
 		}
-		known := ""
-		if e := srv.epoch.Load(); e != 0 {
-			known = strconv.FormatInt(e, 10)
-		}
-		res, err := l.run(l.ctx, srv, epochScript, []string{srv.marker}, known, us(l.probe+2*l.timeout))
+		known, _ := srv.known.Load().(string)
+		res, err := l.run(l.ctx, srv, epochScript, []string{srv.marker}, known, l.win)
 		if err != nil || len(res) < 1 {
 			if err != nil && !permanent(err) && l.ctx.Err() == nil && !srv.down.Load() {
 				l.fail(srv, err)

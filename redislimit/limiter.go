@@ -80,6 +80,7 @@ type Limiter struct {
 	probe   time.Duration
 	logger  *slog.Logger
 	share   int
+	win     any  // how long processes get to come back after a loss, µs, boxed once
 	direct  bool // the client bounds its calls by the context's deadline
 	// stale: calls carry a bound on the server's clock past which they
 	// are refused (not with a Cluster, whose nodes' clocks differ).
@@ -182,6 +183,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Limiter {
 		l.probe = DefaultProbeInterval
 	}
 	l.share = max(l.share, 0)
+	l.win = us(l.probe + 2*l.timeout)
 	l.direct = contextAware(rdb)
 	l.servers = newServers(rdb, l.prefix)
 	switch rdb.(type) {
@@ -447,10 +449,10 @@ func (l *Limiter) reserveArgs(srv *server, a retryhttp.Attempt, p prep, sent int
 	}
 	by, pby, late := l.bounds(srv, sent, timeout, p.dl)
 	known := ""
-	if e := srv.epoch.Load(); e != 0 {
-		known = strconv.FormatInt(e, 10)
+	if k, ok := srv.known.Load().(string); ok {
+		known = k
 	}
-	return []any{us(interval), burst, bound, ahead, mode, id, us(l.probe + 2*l.timeout), beat, us(p.dl),
+	return []any{us(interval), burst, bound, ahead, mode, id, l.win, beat, us(p.dl),
 		by, pby, known, flag, p.share}, late
 }
 

@@ -3,6 +3,7 @@ package redislimit
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/retryhttp/retryhttp"
@@ -141,7 +142,12 @@ func (l *Limiter) seenEpoch(srv *server, e int64) {
 		return
 	}
 	srv.epochAt.Store(int64(time.Since(l.start)))
-	if old := srv.epoch.Swap(e); old != 0 && old != e {
+	old := srv.epoch.Swap(e)
+	if old == e {
+		return
+	}
+	srv.known.Store(strconv.FormatInt(e, 10))
+	if old != 0 {
 		l.putBack(srv)
 	}
 }

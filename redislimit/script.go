@@ -178,7 +178,14 @@ end
 local function save()
   local hs, hd = {}, {}
   for f in pairs(dirty) do
-    if S[f] then hs[#hs + 1] = f; hs[#hs + 1] = num(S[f]) else hd[#hd + 1] = f end
+    local x = S[f]
+    if type(x) == 'string' then
+      hs[#hs + 1] = f; hs[#hs + 1] = x
+    elseif x then
+      hs[#hs + 1] = f; hs[#hs + 1] = num(x)
+    else
+      hd[#hd + 1] = f
+    end
   end
   if #hd == 0 and #hs == 0 then return end
   if #hd > 0 then redis.call('HDEL', key, unpack(hd)) end
@@ -558,7 +565,8 @@ if id ~= '' then
       local g = shareOf(others)
       if g > 0 and (cn == 0 or g < cn) then cn = g end
     end
-    redis.call('HSET', key, me, string.format('%d %d', d, cn))
+    S[me] = string.format('%d %d', d, cn)
+    dirty[me] = true
     mine, sd = d, cn
     local part = 0
     if cn > 0 then part = 1 / cn end

@@ -27,6 +27,7 @@ type server struct {
 	// epoch is the server's epoch as last seen (see epochLua), 0 before
 	// any answer; epochAt when it was last seen, in ns since start.
 	epoch    atomic.Int64
+	known    atomic.Value // epoch as the string the scripts are given
 	epochAt  atomic.Int64
 	flushing atomic.Bool // a hand-over of parkings to it is under way
 	clock    clockEstimate
