@@ -18,8 +18,11 @@
 // Redis server's clock); parkings set while a request waits for its slot
 // reach the process through a Redis subscription, so the check after the
 // wait costs nothing. When Redis does not answer within a short timeout,
-// the Limiter paces in process instead, each process at its share of the
-// pace, logs one warning, and goes back to Redis once it answers again.
+// the Limiter paces in process instead, each process at the share of the
+// pace its claim in Redis holds, logs one warning, and goes back to Redis
+// once it answers again. Through a partition that cuts some processes off,
+// a loss of Redis's data or a Ring shard lost, the host sees at most one
+// burst above the pace across all processes (see the README).
 package redislimit
 
 import (
@@ -62,11 +65,12 @@ const (
 // Limiter is a retryhttp.Limiter backed by Redis. Make one with New, share
 // it between the Transports of a process, and Close it when done; it is
 // safe for concurrent use. New starts no goroutine. The first answer from
-// Redis starts one that listens for parkings (with a *redis.Client or
-// *redis.ClusterClient) and a short-lived one that reads Redis's eviction
-// policy; a client without ContextTimeoutEnabled is called from worker
-// goroutines started when needed, which leave after 10 s idle. Close stops
-// them all.
+// Redis starts one that listens for parkings and a short-lived one that
+// reads Redis's eviction policy; a keeper runs while the process holds a
+// claim on a host or a parking (it gives back the claims of hosts the
+// process stopped calling, and puts back parkings Redis lost); a client
+// without ContextTimeoutEnabled is called from worker goroutines started
+// when needed, which leave after 10 s idle. Close stops them all.
 type Limiter struct {
 	rdb     redis.UniversalClient
 	prefix  string
@@ -94,7 +98,7 @@ type Limiter struct {
 	unsaid   atomic.Bool  // a warning was logged and its recovery not yet
 	started  atomic.Bool  // the listener and the policy check were started
 	keeping  atomic.Bool  // the keeper runs (see keep)
-	peers    atomic.Int64 // live processes at the last heartbeat, any host
+	peers    atomic.Int64 // claims at the last answer that counted them, any host
 	// sub is the parking subscription's generation: positive while it is
 	// known to be delivering, a new value each time it (re)subscribes.
 	sub atomic.Int64
@@ -150,19 +154,25 @@ func WithLogger(logger *slog.Logger) Option {
 // WithFallbackShare overrides how many processes share a host's pace while
 // Redis does not answer: each then paces at 1/n of the pace (and 1/n of the
 // burst, at least 1). Without it (or with n below 1, the default) each
-// process takes the share Redis last told it: the processes using a host
-// count themselves in Redis, so n needs no setting. Set it only to hold a
-// share fixed whatever Redis counted, say 1 for a process that must never
-// slow down in an outage.
+// process takes the share its claim on the host holds in Redis: 1/n of the
+// processes using the host, or what the others leave one that joins them,
+// so n needs no setting; and a process that holds no claim on the host (it
+// never reached Redis for it) waits for Redis rather than guess. Set it
+// only to hold a share fixed whatever Redis counted, say 1 for a process
+// that must never slow down nor wait in an outage: the bound on the pace
+// across processes then rests on n being right.
 func WithFallbackShare(n int) Option {
 	return func(l *Limiter) { l.share = n }
 }
 
 // New returns a Limiter that keeps its state in rdb, which may be a
 // *redis.Client, a *redis.ClusterClient (each host is a single key, so every
-// script runs on one slot), a failover client or a *redis.Ring. A nil rdb
-// makes a Limiter that always paces in process. New does not call Redis:
-// call Check to find a misconfigured Redis at start.
+// script runs on one slot), a failover client or a *redis.Ring. With a Ring
+// the Limiter places each host on one of the shards the Ring was made with
+// (RingOptions.Addrs) itself, and calls that shard's client: a dead shard is
+// then an outage for its hosts, not a move to a shard that knows nothing of
+// them. A nil rdb makes a Limiter that always paces in process. New does
+// not call Redis: call Check to find a misconfigured Redis at start.
 //
 // Each call to Redis is bounded by the Limiter's timeout whatever the
 // client's own timeouts. A client made with ContextTimeoutEnabled honours

@@ -72,7 +72,7 @@ type memHost struct {
 	// of it yet; zero: nothing.
 	n, rank, share int
 	hbAt           time.Time
-	beatN          int // n as of this process's last heartbeat
+	beatN          int // n as of this process's last recount
 	// sub is the generation of the parking subscription when Redis last
 	// answered for this host (see Limiter.heard).
 	sub int64

@@ -17,9 +17,9 @@ import (
 //	gs, gc, gp
 //	     slots granted, in two one-second bins (start, current, previous):
 //	     what the host got in the last second, for learning
-//	a:ID the claim of the process ID on a share of the host: "deadline sd",
+//	a:ID the claim of the process ID on a share of the host: "deadline s",
 //	     the moment by which ID calls again if it still wants the host,
-//	     and its share, 1/sd, while it cannot reach Redis (see claimsLua)
+//	     and its share, 1/s, while it cannot reach Redis (see claimsLua)
 //	n, ks, ts, kt, hb
 //	     the claims counted: how many, the shares of those away and of
 //	     all, the next moment one of them changes state, the latest
@@ -37,8 +37,8 @@ import (
 //
 // One key per host keeps every script on one slot in Redis Cluster. The key
 // expires when nothing in it matters any more: the bucket full, the parking
-// over, no heartbeat alive, nothing learned. Such a host is
-// indistinguishable from one never seen, so idle hosts vanish.
+// over, no claim held, nothing learned. Such a host is indistinguishable
+// from one never seen, so idle hosts vanish.
 //
 // Every script reads the clock with TIME inside the script, so every
 // process is measured against one clock, the server's: a process whose
@@ -64,7 +64,8 @@ const (
 	// merely stopped wanting the host gives its claim back at once.
 	awayFor = 30 * time.Second
 	// heartbeatEvery is how often at least a process recounts the claims
-	// of a host it calls, to learn its place among them.
+	// of a host it calls, to learn its place among them (the rank of its
+	// slots in process).
 	heartbeatEvery = time.Second
 	// presenceFloor is the least a claim's deadline lies ahead of a call,
 	// and presenceMax the most, before the bucket's lead is added: twice
@@ -253,9 +254,9 @@ end
 `)
 
 // claimsLua is what reserveLua and leaveLua know of claims. A process that
-// paces a host holds a claim on a share of it, a:ID = "deadline sd": the
+// paces a host holds a claim on a share of it, a:ID = "deadline s": the
 // moment by which it calls again if it still wants the host, and the
-// share 1/sd it paces at in process while it cannot reach Redis (0: none).
+// share 1/s it paces at in process while it cannot reach Redis (0: none).
 // The shares held add up to the pace at most (ts is their sum). A claim whose deadline has passed
 // is away: its process may be pacing its share in process, cut off from
 // Redis while the others still reach it, so the others leave that share
@@ -314,10 +315,10 @@ local function recount(me, d, cn)
   end
   return ids, ts
 end
--- shareOf returns the share, as 1/sd, that a process may pace at in
+-- shareOf returns the share, as 1/s, that a process may pace at in
 -- process, others being the shares the other claims hold: 1/n, or what
 -- they leave when less. A process joining takes what the others do not
--- hold yet: their count grows as they call, and with it what is left. sd
+-- hold yet: their count grows as they call, and with it what is left. s
 -- is 0 when nothing is left.
 local function shareOf(others)
   local fs = math.min(1 / math.max(S.n or 1, 1), 1 - others)
