@@ -26,8 +26,9 @@ const (
 // call is one script run handed to a worker.
 type call struct {
 	ctx  context.Context
+	c    redis.Scripter
 	s    *redis.Script
-	keys [1]string
+	keys []string
 	args []any
 	done chan result // buffered: a worker never waits on an abandoned call
 }
@@ -40,17 +41,20 @@ type result struct {
 // errTimeout is returned when Redis has not answered within the timeout.
 var errTimeout = errors.New("redislimit: no answer from Redis in time")
 
-// run runs a script on key within the Limiter's timeout and returns its
-// answer, an array of integers.
-func (l *Limiter) run(ctx context.Context, s *redis.Script, key string, args ...any) ([]int64, error) {
+// run runs a script on keys of srv within the Limiter's timeout and
+// returns its answer, an array of integers.
+func (l *Limiter) run(ctx context.Context, srv *server, s *redis.Script, keys []string, args ...any) ([]int64, error) {
+	rdb, err := l.client(srv)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
 	var r result
 	if l.direct {
-		r.vals, r.err = s.Run(ctx, l.rdb, []string{key}, args...).Int64Slice()
+		r.vals, r.err = s.Run(ctx, rdb, keys, args...).Int64Slice()
 	} else {
-		c := &call{ctx: ctx, s: s, args: args, done: make(chan result, 1)}
-		c.keys[0] = key
+		c := &call{ctx: ctx, c: rdb, s: s, keys: keys, args: args, done: make(chan result, 1)}
 		if l.hand(ctx, c) {
 			select {
 			case r = <-c.done:
@@ -101,7 +105,7 @@ func (l *Limiter) work(c *call) {
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
-		vals, err := c.s.Run(c.ctx, l.rdb, c.keys[:], c.args...).Int64Slice()
+		vals, err := c.s.Run(c.ctx, c.c, c.keys, c.args...).Int64Slice()
 		c.done <- result{vals, err}
 		idle.Reset(workerIdle)
 		select {

@@ -24,7 +24,7 @@ func TestCallsBoundedOnFrozenRedis(t *testing.T) {
 		t.Fatal("a plain client is called directly")
 	}
 	ctx := context.Background()
-	if _, err := l.run(ctx, reserveScript, l.prefix+"h", 0, 1, "", "", "", "", 0); err != nil {
+	if _, err := l.run(ctx, l.servers[0], reserveScript, []string{l.prefix + "h"}, 0, 1, "", "", "", "", 0, "", 0, "", "", "", "", 0); err != nil {
 		t.Fatalf("call to a live Redis: %v", err)
 	}
 	if err := srv.Freeze(); err != nil {
@@ -41,7 +41,7 @@ func TestCallsBoundedOnFrozenRedis(t *testing.T) {
 	for range calls {
 		wg.Go(func() {
 			start := time.Now()
-			_, err := l.run(ctx, reserveScript, l.prefix+"h", 0, 1, "", "", "", "", 0)
+			_, err := l.run(ctx, l.servers[0], reserveScript, []string{l.prefix + "h"}, 0, 1, "", "", "", "", 0, "", 0, "", "", "", "", 0)
 			took := time.Since(start)
 			mu.Lock()
 			defer mu.Unlock()

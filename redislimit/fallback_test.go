@@ -2,7 +2,9 @@ package redislimit_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -131,24 +133,79 @@ func TestRedisFrozen(t *testing.T) {
 	}
 }
 
-// A Redis that is not there at all from the start: requests are paced in
-// process at once (a refused connection fails fast).
+// A Redis that is not there at all from the start: the process cannot know
+// how many others share a paced host, nor whether they reach a Redis it
+// does not, so it sends nothing to the host. A request whose deadline
+// comes before the next probe fails at once as a wait for the pace past
+// it; one without waits, and goes once Redis answers and the others have
+// had a probe interval to come back. An unpaced host is sent to at once,
+// one warning says why, and a process told its share (WithFallbackShare)
+// paces at it.
 func TestRedisAbsent(t *testing.T) {
 	srv := redistest.StartT(t)
 	srv.Kill()
 	log := newLogCounter()
-	l := redislimit.New(newClient(t, srv.Addr), redislimit.WithLogger(slog.New(log)))
+	l := redislimit.New(newClient(t, srv.Addr), redislimit.WithLogger(slog.New(log)),
+		redislimit.WithProbeInterval(200*time.Millisecond))
+	t.Cleanup(func() { l.Close() })
 	host := newStub(t)
 	client := retryhttp.NewClient(retryhttp.WithLimiter(l), retryhttp.WithPace(pace, 1))
-	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	longest := hammer(ctx, client, host.URL+"/", 4)
-	checkRate(t, host.times("/"), pace, 0.05)
-	if longest > 600*time.Millisecond {
-		t.Errorf("a request took %v", longest)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, host.URL+"/paced", nil)
+	start := time.Now()
+	if resp, err := client.Do(req); err == nil {
+		resp.Body.Close()
+		t.Errorf("a paced request went out with no Redis ever reached: status %d", resp.StatusCode)
+	} else if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a paced request with no Redis ever reached: %v, want a deadline error", err)
+	}
+	if took := time.Since(start); took > 500*time.Millisecond {
+		t.Errorf("failing a request that cannot go took %v", took)
+	}
+	resp, err := retryhttp.NewClient(retryhttp.WithLimiter(l)).Get(host.URL + "/unpaced")
+	if err != nil {
+		t.Fatalf("an unpaced request with no Redis: %v", err)
+	}
+	resp.Body.Close()
+
+	// A request with no deadline waits for Redis.
+	done := make(chan time.Time, 1)
+	go func() {
+		resp, err := client.Get(host.URL + "/paced")
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- time.Now()
+	}()
+	time.Sleep(500 * time.Millisecond)
+	if n := len(host.times("/paced")); n != 0 {
+		t.Errorf("%d paced requests reached the host with no Redis ever reached", n)
+	}
+	back := time.Now()
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-done:
+		t.Logf("the waiting request went %v after Redis came back", at.Sub(back).Round(time.Millisecond))
+	case <-time.After(2 * time.Second):
+		t.Fatal("the waiting request did not go within 2 s of Redis coming back")
 	}
 	if n := log.count(slog.LevelWarn); n != 1 {
 		t.Errorf("%d warnings, want 1: %q", n, log.msgs)
+	}
+
+	srv.Kill()
+	told := redislimit.New(newClient(t, srv.Addr), redislimit.WithFallbackShare(1))
+	t.Cleanup(func() { told.Close() })
+	ctx, cancel = context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	longest := hammer(ctx, retryhttp.NewClient(retryhttp.WithLimiter(told), retryhttp.WithPace(pace, 1)), host.URL+"/told", 4)
+	checkRate(t, host.times("/told"), pace, 0.05)
+	if longest > 600*time.Millisecond {
+		t.Errorf("a request took %v", longest)
 	}
 }
 

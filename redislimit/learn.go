@@ -31,7 +31,8 @@ func (l *Limiter) learnPace(ctx context.Context, host string, sig retryhttp.Sign
 	if l.closed.Load() {
 		return retryhttp.Pace{}, ErrClosed
 	}
-	if !l.useRedis() {
+	srv := l.serverFor(host)
+	if !l.useRedis(srv) {
 		return l.mem.learn(host, sig), nil
 	}
 	mode, refused := "q", "0"
@@ -51,7 +52,7 @@ func (l *Limiter) learnPace(ctx context.Context, host string, sig retryhttp.Sign
 	}
 	// What a host said of its capacity matters to every process: it is
 	// recorded even if the request that heard it is cancelled.
-	res, err := l.run(context.WithoutCancel(ctx), learnScript, l.prefix+host, mode, refused, sig.Status,
+	res, err := l.run(context.WithoutCancel(ctx), srv, learnScript, []string{l.prefix + host}, mode, refused, sig.Status,
 		us(max(sig.Wait, 0)), max(sig.Limit, 0), us(max(sig.Window, 0)), reset, sig.Remaining, sent)
 	if err == nil && len(res) < 2 {
 		err = fmt.Errorf("redislimit: unexpected answer from the learn script: %v", res)
@@ -60,10 +61,10 @@ func (l *Limiter) learnPace(ctx context.Context, host string, sig retryhttp.Sign
 		if permanent(err) {
 			return retryhttp.Pace{}, &RefusedError{Op: "learn", Key: l.prefix + host, Err: err}
 		}
-		l.fail(err)
+		l.fail(srv, err)
 		return l.mem.learn(host, sig), nil
 	}
-	l.answered()
+	l.answered(srv)
 	r, b := float64(res[0])/1e6, int(res[1])
 	l.mem.learned(host, sig.Now, r, b)
 	if r <= 0 {

@@ -18,8 +18,11 @@
 // Redis server's clock); parkings set while a request waits for its slot
 // reach the process through a Redis subscription, so the check after the
 // wait costs nothing. When Redis does not answer within a short timeout,
-// the Limiter paces in process instead, each process at its share of the
-// pace, logs one warning, and goes back to Redis once it answers again.
+// the Limiter paces in process instead, each process at the share of the
+// pace its claim in Redis holds, logs one warning, and goes back to Redis
+// once it answers again. Through a partition that cuts some processes off,
+// a loss of Redis's data or a Ring shard lost, the host sees at most one
+// burst above the pace across all processes (see the README).
 package redislimit
 
 import (
@@ -30,6 +33,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -61,33 +65,40 @@ const (
 // Limiter is a retryhttp.Limiter backed by Redis. Make one with New, share
 // it between the Transports of a process, and Close it when done; it is
 // safe for concurrent use. New starts no goroutine. The first answer from
-// Redis starts one that listens for parkings (with a *redis.Client or
-// *redis.ClusterClient) and a short-lived one that reads Redis's eviction
-// policy; a client without ContextTimeoutEnabled is called from worker
-// goroutines started when needed, which leave after 10 s idle. Close stops
-// them all.
+// Redis starts one that listens for parkings and a short-lived one that
+// reads Redis's eviction policy; a keeper runs while the process holds a
+// claim on a host or a parking (it gives back the claims of hosts the
+// process stopped calling, and puts back parkings Redis lost); a client
+// without ContextTimeoutEnabled is called from worker goroutines started
+// when needed, which leave after 10 s idle. Close stops them all.
 type Limiter struct {
 	rdb     redis.UniversalClient
 	prefix  string
 	channel string // where parkings are published; "" when they are not
+	// publish: parkings are published by the Limiter after the park
+	// script, on the channel's shard of a Ring, rather than by the script
+	// on the host's shard, where no one listens.
+	publish bool
 	id      string // this Limiter among the processes sharing a host
 	timeout time.Duration
 	probe   time.Duration
 	logger  *slog.Logger
 	share   int
+	win     any  // how long processes get to come back after a loss, µs, boxed once
 	direct  bool // the client bounds its calls by the context's deadline
+	// stale: calls carry a bound on the server's clock past which they
+	// are refused (not with a Cluster, whose nodes' clocks differ).
+	stale   bool
 	mem     memory
 	start   time.Time // origin of the clock readings below
+	servers []*server // one, or a Ring's shards
+	shards  shardClients
 
-	down     atomic.Bool  // pacing in process: Redis failed and has not answered since
-	probeAt  atomic.Int64 // when down: the next call to try Redis, in ns since start
-	downAt   atomic.Int64 // when Redis last failed after answering, in ns since start
-	backAt   atomic.Int64 // when Redis last answered after being down, in ns since start
 	warnedAt atomic.Int64 // the last warning, in ns since start
 	unsaid   atomic.Bool  // a warning was logged and its recovery not yet
-	flushing atomic.Bool
 	started  atomic.Bool  // the listener and the policy check were started
-	peers    atomic.Int64 // live processes at the last heartbeat, any host
+	keeping  atomic.Bool  // the keeper runs (see keep)
+	peers    atomic.Int64 // claims at the last answer that counted them, any host
 	// sub is the parking subscription's generation: positive while it is
 	// known to be delivering, a new value each time it (re)subscribes.
 	sub atomic.Int64
@@ -143,19 +154,25 @@ func WithLogger(logger *slog.Logger) Option {
 // WithFallbackShare overrides how many processes share a host's pace while
 // Redis does not answer: each then paces at 1/n of the pace (and 1/n of the
 // burst, at least 1). Without it (or with n below 1, the default) each
-// process takes the share Redis last told it: the processes using a host
-// count themselves in Redis, so n needs no setting. Set it only to hold a
-// share fixed whatever Redis counted, say 1 for a process that must never
-// slow down in an outage.
+// process takes the share its claim on the host holds in Redis: 1/n of the
+// processes using the host, or what the others leave one that joins them,
+// so n needs no setting; and a process that holds no claim on the host (it
+// never reached Redis for it) waits for Redis rather than guess. Set it
+// only to hold a share fixed whatever Redis counted, say 1 for a process
+// that must never slow down nor wait in an outage: the bound on the pace
+// across processes then rests on n being right.
 func WithFallbackShare(n int) Option {
 	return func(l *Limiter) { l.share = n }
 }
 
 // New returns a Limiter that keeps its state in rdb, which may be a
 // *redis.Client, a *redis.ClusterClient (each host is a single key, so every
-// script runs on one slot), a failover client or a *redis.Ring. A nil rdb
-// makes a Limiter that always paces in process. New does not call Redis:
-// call Check to find a misconfigured Redis at start.
+// script runs on one slot), a failover client or a *redis.Ring. With a Ring
+// the Limiter places each host on one of the shards the Ring was made with
+// (RingOptions.Addrs) itself, and calls that shard's client: a dead shard is
+// then an outage for its hosts, not a move to a shard that knows nothing of
+// them. A nil rdb makes a Limiter that always paces in process. New does
+// not call Redis: call Check to find a misconfigured Redis at start.
 //
 // Each call to Redis is bounded by the Limiter's timeout whatever the
 // client's own timeouts. A client made with ContextTimeoutEnabled honours
@@ -176,12 +193,16 @@ func New(rdb redis.UniversalClient, opts ...Option) *Limiter {
 		l.probe = DefaultProbeInterval
 	}
 	l.share = max(l.share, 0)
+	l.win = us(l.probe + 2*l.timeout)
 	l.direct = contextAware(rdb)
-	// A Ring publishes on the shard of the host's key and subscribes on
-	// the shard of the channel's name: its parkings would not arrive.
+	l.servers = newServers(rdb, l.prefix)
 	switch rdb.(type) {
-	case *redis.Client, *redis.ClusterClient:
+	case *redis.Client:
+		l.channel, l.stale = l.prefix+"parked", true
+	case *redis.ClusterClient:
 		l.channel = l.prefix + "parked"
+	case *redis.Ring:
+		l.channel, l.publish, l.stale = l.prefix+"parked", true, true
 	}
 	// The start time first, so that ids sort by it (see reserveLua).
 	var b [6]byte
@@ -194,9 +215,17 @@ func New(rdb redis.UniversalClient, opts ...Option) *Limiter {
 }
 
 // Fallback reports whether the Limiter is pacing in process because Redis
-// failed and has not answered since.
+// (with a Ring, one of its shards) failed and has not answered since.
 func (l *Limiter) Fallback() bool {
-	return l.rdb == nil || l.down.Load()
+	if l.rdb == nil {
+		return true
+	}
+	for _, s := range l.servers {
+		if s.down.Load() {
+			return true
+		}
+	}
+	return false
 }
 
 // Close stops the goroutines the Limiter started and waits for them: the
@@ -206,6 +235,10 @@ func (l *Limiter) Fallback() bool {
 // caller owns. Calls after Close return ErrClosed. Close is safe to call
 // more than once, and always returns nil.
 func (l *Limiter) Close() error {
+	if l.closed.Load() {
+		return nil
+	}
+	l.leaveAll()
 	l.mu.Lock()
 	if l.closed.Swap(true) {
 		l.mu.Unlock()
@@ -242,9 +275,11 @@ func (l *Limiter) spawn(f func()) bool {
 // a.Latest. Parking and slot are settled by one script, in one round trip.
 // A check after the wait for a slot (a.CheckOnly) is answered in process
 // while the parking subscription delivers. When Redis is away, the slot is
-// taken in process instead and the error is not returned: only the end of
-// ctx, an answer from Redis that waiting will not cure (a *RefusedError),
-// and ErrClosed are.
+// taken in process instead, at this process's share of the pace, and the
+// error is not returned: only the end of ctx, an answer from Redis that
+// waiting will not cure (a *RefusedError), and ErrClosed are. A process
+// that holds no share of the host (it never reached Redis for it, or gave
+// its share back) waits for Redis, asking again at its next probe.
 func (l *Limiter) Reserve(ctx context.Context, a retryhttp.Attempt) (retryhttp.Reservation, error) {
 	if l.closed.Load() {
 		return retryhttp.Reservation{}, ErrClosed
@@ -252,42 +287,25 @@ func (l *Limiter) Reserve(ctx context.Context, a retryhttp.Attempt) (retryhttp.R
 	if until, ok := l.mem.parkedUntil(a.Host, a.Now); ok {
 		return retryhttp.Reservation{ParkedUntil: until}, nil
 	}
+	srv := l.serverFor(a.Host)
 	if a.CheckOnly {
-		// A parking set elsewhere since this host's last answer would have
-		// come through the subscription, if it delivered all along.
-		if l.rdb == nil || l.down.Load() {
-			return retryhttp.Reservation{OK: true}, nil
+		return l.check(ctx, srv, a)
+	}
+	if l.rdb != nil && !srv.down.Load() {
+		// Back from pacing in process: the slots handed out there are
+		// this process's share, still counted as away; a slot from Redis
+		// comes once they have passed, not among them.
+		if own, ok := l.mem.pending(a.Host, a.Now); ok {
+			if !a.Latest.IsZero() && own.After(a.Latest) {
+				return retryhttp.Reservation{Delay: own.Sub(a.Now)}, nil
+			}
+			return retryhttp.Reservation{AskAgain: own}, nil
 		}
-		if g := l.sub.Load(); g > 0 && l.mem.subGen(a.Host) == g {
-			return retryhttp.Reservation{OK: true}, nil
-		}
-		a.Pace = retryhttp.Pace{} // the parking alone: no slot
 	}
-	if !l.useRedis() {
-		if a.CheckOnly {
-			return retryhttp.Reservation{OK: true}, nil
-		}
-		return l.mem.reserve(a, a.Pace, l.shares()), nil
+	if !l.useRedis(srv) {
+		return l.local(srv, a, 0), nil
 	}
-	call := ctx
-	if a.CheckOnly {
-		// The request's slot has come: a check that takes longer than a
-		// moment would send it late, onto the next one's slot. A check
-		// that does not answer in time is taken to have found nothing.
-		var cancel context.CancelFunc
-		call, cancel = context.WithTimeout(ctx, min(l.timeout, checkTimeout))
-		defer cancel()
-	}
-	start := time.Now()
-	res, err := l.run(call, reserveScript, l.prefix+a.Host, l.reserveArgs(a)...)
-	if err == nil && len(res) < 9 {
-		err = fmt.Errorf("redislimit: unexpected answer from the reserve script: %v", res)
-	}
-	// Delay is counted from a.Now, and the call took elapsed. Redis counts
-	// from its own now, some moment during the call: taking it to be the
-	// moment the answer came, the latest it can be, never starts an attempt
-	// early.
-	elapsed := time.Since(start)
+	res, elapsed, err := l.reserveRedis(ctx, srv, a)
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return retryhttp.Reservation{}, cerr
@@ -295,21 +313,111 @@ func (l *Limiter) Reserve(ctx context.Context, a retryhttp.Attempt) (retryhttp.R
 		if permanent(err) {
 			return retryhttp.Reservation{}, &RefusedError{Op: "reserve", Key: l.prefix + a.Host, Err: err}
 		}
-		if a.CheckOnly {
-			return retryhttp.Reservation{OK: true}, nil
-		}
-		l.fail(err)
-		return l.local(a, elapsed), nil
+		l.fail(srv, err)
+		return l.local(srv, a, elapsed), nil
 	}
-	l.answered()
-	return l.reservation(a, res, elapsed), nil
+	l.answered(srv)
+	if res[0] == codeProbed {
+		// Redis is back: ask again as a process that is back, once the
+		// slots it handed out in process have passed.
+		a.Now = a.Now.Add(elapsed)
+		return l.Reserve(ctx, a)
+	}
+	return l.reservation(srv, a, res, elapsed), nil
 }
 
-// reserveArgs are the reserve script's arguments for a: the pace, the
-// latest moment a slot may take, how far ahead this process handed out
-// slots in process, the mode, and this process's id when its heartbeat
-// is due.
-func (l *Limiter) reserveArgs(a retryhttp.Attempt) []any {
+// check answers the check for a parking after a request's wait for its
+// slot. A parking set elsewhere since the host's last answer would have
+// come through the subscription, if it delivered all along; else Redis
+// is asked, within a moment: the request's slot has come, and a check
+// that took longer would send it late, onto the next one's slot. A check
+// that does not answer in time is taken to have found nothing.
+func (l *Limiter) check(ctx context.Context, srv *server, a retryhttp.Attempt) (retryhttp.Reservation, error) {
+	ok := retryhttp.Reservation{OK: true}
+	if l.rdb == nil || srv.down.Load() {
+		return ok, nil
+	}
+	if g := l.sub.Load(); g > 0 && l.mem.subGen(a.Host) == g {
+		return ok, nil
+	}
+	a.Pace = retryhttp.Pace{} // the parking alone: no slot
+	call, cancel := context.WithTimeout(ctx, min(l.timeout, checkTimeout))
+	defer cancel()
+	res, elapsed, err := l.reserveRedis(call, srv, a)
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return retryhttp.Reservation{}, cerr
+		}
+		if permanent(err) {
+			return retryhttp.Reservation{}, &RefusedError{Op: "reserve", Key: l.prefix + a.Host, Err: err}
+		}
+		return ok, nil
+	}
+	l.answered(srv)
+	return l.reservation(srv, a, res, elapsed), nil
+}
+
+// errStale is a call refused twice as stale though answered in time: the
+// server's clock moves in a way the estimate cannot follow.
+var errStale = errors.New("redislimit: the server's clock disagrees with its answers")
+
+// reserveRedis runs the reserve script for a on srv, and returns its
+// answer and how long after a.Now it came. A call the script refused as
+// stale though its answer came in time tells that the estimate of the
+// server's clock was off: it is corrected, and the call made again. A
+// call that failed may still run later: the moment until which it could
+// renew this process's claim is recorded, for the in-process pacer to
+// start no earlier.
+func (l *Limiter) reserveRedis(ctx context.Context, srv *server, a retryhttp.Attempt) ([]int64, time.Duration, error) {
+	var p prep
+	if !a.CheckOnly {
+		p = l.mem.prepare(a.Host, a.Now, !a.Pace.Unlimited())
+	}
+	start := time.Now()
+	keys := l.keys(srv, a.Host)
+	for try := 0; ; try++ {
+		probe := srv.down.Load() // a probe renews no claim, however late it runs
+		sent, sentAt := us(time.Since(l.start)), a.Now.Add(time.Since(start))
+		args, late := l.reserveArgs(srv, a, p, sent)
+		res, err := l.run(ctx, srv, reserveScript, keys, args...)
+		elapsed := time.Since(start)
+		if err == nil && len(res) < 13 {
+			err = fmt.Errorf("redislimit: unexpected answer from the reserve script: %v", res)
+		}
+		if err != nil {
+			// A call that found no connection was never sent.
+			if !a.CheckOnly && !probe && !unsent(err) {
+				l.mem.unanswered(a.Host, sentAt.Add(late))
+			}
+			return nil, elapsed, err
+		}
+		got := us(time.Since(l.start))
+		if res[0] == codeStale {
+			srv.clock.reset(sent, got, res[11])
+			if try == 0 {
+				continue
+			}
+			return nil, elapsed, errStale
+		}
+		srv.clock.sample(sent, got, res[11])
+		l.seenEpoch(srv, res[10])
+		return res, elapsed, nil
+	}
+}
+
+// keys are the keys of the reserve script for host on srv: the host's,
+// and the server's epoch marker when it has one.
+func (l *Limiter) keys(srv *server, host string) []string {
+	if srv.marker == "" {
+		return []string{l.prefix + host}
+	}
+	return []string{l.prefix + host, srv.marker}
+}
+
+// reserveArgs are the reserve script's arguments for a, sent at sent (µs
+// since the Limiter's start), and how long after sending this call could
+// still renew the process's claim, should it fail here and run later.
+func (l *Limiter) reserveArgs(srv *server, a retryhttp.Attempt, p prep, sent int64) ([]any, time.Duration) {
 	var (
 		interval time.Duration
 		burst    int
@@ -325,39 +433,78 @@ func (l *Limiter) reserveArgs(a retryhttp.Attempt) []any {
 			bound = "-1" // no slot is early enough, not even one now
 		}
 	}
-	ahead, mode, id := "", "", ""
+	ahead, mode, id, beat, flag := "", "", "", "", ""
+	timeout := l.timeout
 	if a.CheckOnly {
-		mode = "c"
+		mode, timeout = "c", min(l.timeout, checkTimeout)
 	} else {
-		// Slots the in-process pacer handed out and still to come.
-		if d := l.mem.horizon(a.Host, a.Now); d > 0 {
-			ahead = strconv.FormatInt(us(min(d, aheadFloor)), 10)
+		if p.ahead > 0 {
+			ahead = strconv.FormatInt(us(min(p.ahead, aheadFloor)), 10)
 		}
-		if l.down.Load() || l.returning() {
-			mode = "r" // a probe, or just back from an outage
+		if srv.down.Load() {
+			mode = "p" // a probe
 		}
-		if l.mem.beatDue(a.Host, a.Now) {
-			id = l.id
+		id = l.id
+		if p.beat {
+			beat = "1"
+		}
+		switch {
+		case p.had:
+			flag = "h"
+		case p.knew:
+			flag = "k"
+		case p.waited:
+			flag = "w"
 		}
 	}
-	return []any{us(interval), burst, bound, ahead, mode, id, us(l.probe + 2*l.timeout)}
+	by, pby, late := l.bounds(srv, sent, timeout, p.dl)
+	known := ""
+	if k, ok := srv.known.Load().(string); ok {
+		known = k
+	}
+	return []any{us(interval), burst, bound, ahead, mode, id, l.win, beat, us(p.dl),
+		by, pby, known, flag, p.share}, late
+}
+
+// bounds are a call's bounds on srv's clock, for a call sent at sent (µs
+// since the Limiter's start) and given timeout: after by it is stale and
+// refused, after pby it renews no claim; and how long after sending it
+// could still renew the claim for dl, should it fail here and run later.
+// Without an estimate of the server's clock (no answer yet, or a Cluster)
+// there are no bounds, and a failed call is taken to run within the
+// timeout.
+func (l *Limiter) bounds(srv *server, sent int64, timeout, dl time.Duration) (by, pby string, late time.Duration) {
+	if !l.stale {
+		return "", "", timeout + dl
+	}
+	off, rtt, ok := srv.clock.offset()
+	if !ok {
+		return "", "", timeout + dl
+	}
+	lag := min(presenceLate, timeout)
+	by = strconv.FormatInt(sent+off+us(timeout)+1000, 10)
+	pby = strconv.FormatInt(sent+off+us(lag), 10)
+	return by, pby, lag + time.Duration(rtt)*time.Microsecond + dl
 }
 
 // reservation reads the reserve script's answer, which arrived elapsed
 // after a.Now, into a Reservation, and keeps what it says of the host.
-func (l *Limiter) reservation(a retryhttp.Attempt, res []int64, elapsed time.Duration) retryhttp.Reservation {
+func (l *Limiter) reservation(srv *server, a retryhttp.Attempt, res []int64, elapsed time.Duration) retryhttp.Reservation {
 	at := a.Now.Add(elapsed)
 	d := time.Duration(res[1]) * time.Microsecond
 	if n := int(res[4]); n > 0 {
 		l.peers.Store(int64(n))
 	}
-	l.mem.heard(a.Host, answer{at: at, lead: time.Duration(res[3]) * time.Microsecond,
+	if l.mem.heard(a.Host, answer{at: at, lead: time.Duration(res[3]) * time.Microsecond,
 		n: int(res[4]), rank: int(res[5]), rate: float64(res[6]) / 1e6, burst: int(res[7]),
-		sub: l.sub.Load(), lane: res[0] == codeLane})
+		sub: l.sub.Load(), lane: res[0] == codeLane, claim: res[9], redisNow: res[11], share: int(res[12])}) {
+		l.keepOn()
+	}
 	switch res[0] {
 	case codeParked:
 		until := at.Add(d)
 		l.mem.park(a.Host, until) // no need to ask Redis again before then
+		l.keepOn()
 		return retryhttp.Reservation{ParkedUntil: until}
 	case codeLate:
 		return retryhttp.Reservation{Delay: elapsed + d}
@@ -367,16 +514,17 @@ func (l *Limiter) reservation(a retryhttp.Attempt, res []int64, elapsed time.Dur
 		// Processes are coming back from an outage: each paces its share
 		// in process a little longer, so that those not back yet and
 		// those back do not both take the whole pace.
-		return l.local(a, elapsed)
+		return l.local(srv, a, elapsed)
 	}
 	if d == 0 {
 		// The slot is Redis's now, already past: go at once.
 		return retryhttp.Reservation{OK: true}
 	}
+	l.mem.slot(a.Host, at.Add(d))
 	r := retryhttp.Reservation{OK: true, Delay: elapsed + d}
 	if res[2] > 0 && res[8] > 0 {
-		key, mine, step := l.prefix+a.Host, res[2], res[8]
-		r.Cancel = func(time.Time) { l.cancelSlot(key, mine, step) }
+		host, mine, step := a.Host, res[2], res[8]
+		r.Cancel = func(time.Time) { l.cancelSlot(srv, host, mine, step) }
 	}
 	return r
 }
@@ -384,17 +532,21 @@ func (l *Limiter) reservation(a retryhttp.Attempt, res []int64, elapsed time.Dur
 // cancelSlot gives back a slot that a request, cancelled while it waited,
 // will not use, if no later slot was taken; see cancelScript. A failure
 // leaves the slot taken, which slows the others by one slot at most.
-func (l *Limiter) cancelSlot(key string, mine, interval int64) {
-	if l.closed.Load() || !l.useRedis() {
+func (l *Limiter) cancelSlot(srv *server, host string, mine, interval int64) {
+	if l.closed.Load() || !l.useRedis(srv) {
 		return
 	}
-	if _, err := l.run(context.Background(), cancelScript, key, mine, interval); err != nil {
+	res, err := l.run(context.Background(), srv, cancelScript, []string{l.prefix + host}, mine, interval)
+	if err != nil {
 		if !permanent(err) {
-			l.fail(err)
+			l.fail(srv, err)
 		}
 		return
 	}
-	l.answered()
+	l.answered(srv)
+	if len(res) > 0 && res[0] == 1 {
+		l.mem.gaveBack(host, time.Duration(interval)*time.Microsecond)
+	}
 }
 
 // Park closes host to every process until the given moment; a moment
@@ -410,26 +562,44 @@ func (l *Limiter) Park(ctx context.Context, host string, until time.Time) error 
 		return ErrClosed
 	}
 	l.mem.park(host, until)
+	l.keepOn()
 	rest := time.Until(until)
-	if rest <= 0 || !l.useRedis() {
+	srv := l.serverFor(host)
+	if rest <= 0 || !l.useRedis(srv) {
 		return nil
 	}
 	// The parking matters to every process, not only to the request that
 	// learnt of it: it is recorded even if that request is cancelled.
-	if err := l.parkRedis(context.WithoutCancel(ctx), host, rest); err != nil {
+	if err := l.parkRedis(context.WithoutCancel(ctx), srv, host, rest); err != nil {
 		if permanent(err) {
 			return &RefusedError{Op: "park", Key: l.prefix + host, Err: err}
 		}
-		l.fail(err)
+		l.fail(srv, err)
 		return nil
 	}
-	l.answered()
+	l.answered(srv)
 	return nil
 }
 
-func (l *Limiter) parkRedis(ctx context.Context, host string, rest time.Duration) error {
-	_, err := l.run(ctx, parkScript, l.prefix+host, us(rest+time.Microsecond-1), l.channel, host)
-	return err
+// parkRedis parks host on srv for rest, and tells the processes listening.
+func (l *Limiter) parkRedis(ctx context.Context, srv *server, host string, rest time.Duration) error {
+	channel := l.channel
+	if l.publish {
+		channel = ""
+	}
+	n := us(rest + time.Microsecond - 1)
+	res, err := l.run(ctx, srv, parkScript, []string{l.prefix + host}, n, channel, host)
+	if err != nil || !l.publish || len(res) == 0 || res[0] != 1 {
+		return err
+	}
+	// On a Ring, where the channel lives on a shard of its own: a failure
+	// to publish leaves the others to find the parking on their next call.
+	if c, err := l.client(l.serverFor(l.channel)); err == nil {
+		pctx, cancel := context.WithTimeout(ctx, l.timeout)
+		defer cancel()
+		c.(*redis.Client).Publish(pctx, l.channel, strconv.FormatInt(n, 10)+" "+host)
+	}
+	return nil
 }
 
 // contextAware reports whether the client bounds a call by its context's
@@ -444,6 +614,13 @@ func contextAware(rdb redis.UniversalClient) bool {
 		return c.Options().ContextTimeoutEnabled
 	}
 	return false
+}
+
+// unsent reports whether a call failed for want of a connection: the
+// server refused it, or there is no server to call.
+func unsent(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, errShardGone) || (errors.As(err, &op) && op.Op == "dial" && !op.Timeout())
 }
 
 // errorsIsTimeout reports whether err is a timeout of the network or of a

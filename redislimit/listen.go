@@ -28,12 +28,19 @@ const listenIdle = 5 * time.Second
 func (l *Limiter) listen() {
 	var gen int64
 	for {
+		sub, err := l.subscriber()
+		if err != nil {
+			if !l.sleep(l.probe) {
+				return
+			}
+			continue
+		}
 		l.mu.Lock()
 		if l.closed.Load() {
 			l.mu.Unlock()
 			return
 		}
-		ps := l.rdb.Subscribe(l.ctx, l.channel)
+		ps := sub.Subscribe(l.ctx, l.channel)
 		l.ps = ps
 		l.mu.Unlock()
 		stop := l.receive(ps, &gen)
@@ -45,8 +52,27 @@ func (l *Limiter) listen() {
 	}
 }
 
+// subscriber is the client to subscribe with: the Limiter's, or on a Ring
+// the shard the Limiter places the channel on, which is where it
+// publishes. (A Ring's own Subscribe would pick a shard of its own, and
+// panics when it sees none up.)
+func (l *Limiter) subscriber() (interface {
+	Subscribe(context.Context, ...string) *redis.PubSub
+}, error) {
+	if !l.publish {
+		return l.rdb, nil
+	}
+	c, err := l.client(l.serverFor(l.channel))
+	if err != nil {
+		return nil, err
+	}
+	return c.(*redis.Client), nil
+}
+
 // receive reads the subscription ps until it stops delivering, and reports
-// whether to stop listening altogether.
+// whether to stop listening altogether. A subscription made afresh after
+// one that delivered may follow a restart of the server that lost its
+// parkings: those this process holds are put back.
 func (l *Limiter) receive(ps *redis.PubSub, gen *int64) bool {
 	pinged := false
 	for {
@@ -88,6 +114,9 @@ func (l *Limiter) receive(ps *redis.PubSub, gen *int64) bool {
 			if m.Kind == "subscribe" {
 				*gen++
 				l.sub.Store(*gen)
+				if *gen > 1 {
+					l.putBack(l.serverFor(l.channel))
+				}
 			}
 		case *redis.Message:
 			rest, host, ok := strings.Cut(m.Payload, " ")
@@ -172,6 +201,7 @@ func (l *Limiter) Check(ctx context.Context) error {
 		return nil
 	}
 	key := l.prefix + checkHost
+	srv := l.serverFor(checkHost)
 	wrap := func(op string, err error) error {
 		if permanent(err) {
 			return &RefusedError{Op: op, Key: key, Err: err}
@@ -179,25 +209,42 @@ func (l *Limiter) Check(ctx context.Context) error {
 		return fmt.Errorf("redislimit: check: %s: %w", op, err)
 	}
 	var errs []error
-	if _, err := l.run(ctx, reserveScript, key, 1, 1, "", "", "", l.id, 0); err != nil {
+	if _, err := l.run(ctx, srv, reserveScript, l.keys(srv, checkHost), 1, 1, "", "", "", l.id, 0, "1", 1, "", "", "", "", 0); err != nil {
 		errs = append(errs, wrap("reserve", err))
 		if !permanent(err) {
 			return errors.Join(errs...) // Redis is away: nothing more to learn
 		}
 	}
-	if _, err := l.run(ctx, parkScript, key, 1, l.channel, checkHost); err != nil {
+	channel := l.channel
+	if l.publish {
+		channel = ""
+	}
+	one := []string{key}
+	if _, err := l.run(ctx, srv, parkScript, one, 1, channel, checkHost); err != nil {
 		errs = append(errs, wrap("park", err))
 	}
-	if _, err := l.run(ctx, learnScript, key, "q", "0", 0, 0, 0, 0, -1, -1, "0"); err != nil {
+	if _, err := l.run(ctx, srv, learnScript, one, "q", "0", 0, 0, 0, 0, -1, -1, "0"); err != nil {
 		errs = append(errs, wrap("learn", err))
 	}
-	if _, err := l.run(ctx, cancelScript, key, 0, 1); err != nil {
+	if _, err := l.run(ctx, srv, cancelScript, one, 0, 1); err != nil {
 		errs = append(errs, wrap("cancel", err))
 	}
+	if _, err := l.run(ctx, srv, leaveScript, one, l.id, 0); err != nil {
+		errs = append(errs, wrap("leave", err))
+	}
+	if srv.marker != "" {
+		if _, err := l.run(ctx, srv, epochScript, []string{srv.marker}, "", 0); err != nil {
+			errs = append(errs, wrap("epoch", err))
+		}
+	}
 	if l.channel != "" {
-		ps := l.rdb.Subscribe(ctx, l.channel)
+		sub, err := l.subscriber()
+		if err != nil {
+			return errors.Join(append(errs, wrap("subscribe", err))...)
+		}
+		ps := sub.Subscribe(ctx, l.channel)
 		sctx, cancel := context.WithTimeout(ctx, max(l.timeout, time.Second))
-		_, err := ps.Receive(sctx)
+		_, err = ps.Receive(sctx)
 		cancel()
 		ps.Close()
 		if err != nil {

@@ -26,6 +26,10 @@ type memory struct {
 	// while now is past it, no host has slots of its own still to come.
 	ownMax atomic.Int64
 	shards [memShards]memShard
+	// claimed holds the hosts this process holds a claim on, for the
+	// keeper; its lock is taken after a shard's, never before.
+	claimMu sync.Mutex
+	claimed map[string]struct{}
 }
 
 const (
@@ -50,14 +54,25 @@ type memHost struct {
 	// What the last answer from Redis said, for the in-process pacer to
 	// continue from should Redis fail: the shared bucket's state projected
 	// on the local clock (rtat, at answerAt), and whether the in-process
-	// bucket has caught up with it since (synced).
-	rtat, answerAt time.Time
-	synced         bool
-	// n and rank are the host's live processes and this one's place among
-	// them, as of the last heartbeat, at hbAt; zero n: never heard.
-	n, rank int
-	hbAt    time.Time
-	beatN   int // n as of this process's last heartbeat
+	// bucket has caught up with it since (synced). knownAt is when an
+	// answer out of a lane last told of the bucket, laneAt when a lane
+	// first answered since (Redis lost its data: the others' slots since
+	// knownAt are not known).
+	rtat, answerAt  time.Time
+	knownAt, laneAt time.Time
+	synced          bool
+	// peak is the longest lead of the bucket an answer told in the second
+	// to peakAt: the queue the others may have kept.
+	peak   time.Duration
+	peakAt time.Time
+	// n and rank are the host's claims and this one's place among them, as
+	// of the last recount, at hbAt; zero n: never heard. share is what
+	// this process may pace at in process, 1/share of the pace, as its
+	// claim holds: 1/n, or less when it joined others that had not heard
+	// of it yet; zero: nothing.
+	n, rank, share int
+	hbAt           time.Time
+	beatN          int // n as of this process's last recount
 	// sub is the generation of the parking subscription when Redis last
 	// answered for this host (see Limiter.heard).
 	sub int64
@@ -70,6 +85,34 @@ type memHost struct {
 	// told is set once this process told Redis what it sent, with its
 	// first refusal from the host since it was last paced by nothing.
 	told bool
+
+	// This process's claim on a share of the host, as the last answer told
+	// (see claimsLua): whether it holds one, the deadline it set on
+	// Redis's clock (a goodbye gives back only that one, not a later
+	// call's), and when it ends unless renewed. lease is the latest moment
+	// the others may count this process as present, calling Redis: until
+	// then they may take the whole pace, so a fall back to the in-process
+	// pacer takes no slot before it.
+	claim    bool
+	deadline int64 // as held after the call Redis ran last, at heldAt on its clock
+	heldAt   int64
+	claimEnd time.Time
+	lease    time.Time
+	// lastCall is when this process last called Redis for the host, gap
+	// its gap between calls lately, dl the time its last call gave it to
+	// call again, demand when it last wanted a slot (in process or not),
+	// local that it paced the host in process since its last answer.
+	lastCall, demand time.Time
+	gap, dl          time.Duration
+	local            bool
+	// slots is when the last slot Redis gave this process for the host
+	// comes: a request waiting for it still wants the host.
+	slots time.Time
+	// waited: the process waited for Redis, holding no claim on the host
+	// (it never reached Redis for it, or gave its share back). orphan: it
+	// held a claim that Redis has lost since (a restart, a flush), and
+	// still has that share until it holds a claim again.
+	waited, orphan bool
 }
 
 // parkedUntil returns the end of host's parking when it is parked at now.
@@ -104,15 +147,24 @@ type share struct {
 	fixed  int       // WithFallbackShare: this many processes, whatever Redis said
 	peers  int       // processes known to Redis lately, for a host never heard of
 	downAt time.Time // when Redis failed; zero while it answers
+	// claimed: a share needs a claim that Redis counted; without one the
+	// process waits for Redis, asking again at retry. stall: no slot
+	// before the claim's lease ends (the server is away; not so when the
+	// processes all pace in process, coming back from an outage).
+	claimed, stall bool
+	retry          time.Time
 }
 
 // reserve is Limiter.Reserve in process, at the pace p or the learned one
 // when slower, of which this process takes its share: 1/n of the rate,
-// 1/n of the burst (at least 1), n being the host's live processes as the
-// last heartbeat told. Its first slot after an answer from Redis comes no
-// earlier than the shared bucket allows, staggered by this process's rank,
-// so that the processes' slots interleave as Redis would have handed them
-// out and the switch brings no burst.
+// 1/n of the burst (at least 1), n being the host's claims as the last
+// answer told. Its first slot after an answer from Redis comes no earlier
+// than the shared bucket allows, nor before the others can have stopped
+// counting this process as present, and is staggered by this process's
+// rank, so that the processes' slots interleave as Redis would have
+// handed them out and the switch brings no burst. A process holding no
+// claim on the host has no share of it to take: the others may be taking
+// the whole pace, so it waits for Redis.
 func (m *memory) reserve(a retryhttp.Attempt, p retryhttp.Pace, sh share) retryhttp.Reservation {
 	s := m.shard(a.Host)
 	s.mu.Lock()
@@ -127,10 +179,24 @@ func (m *memory) reserve(a retryhttp.Attempt, p retryhttp.Pace, sh share) retryh
 	if p.Unlimited() {
 		return retryhttp.Reservation{OK: true}
 	}
+	if sh.claimed && (h == nil || (!h.claim && !h.orphan) || h.share == 0 || !a.Now.Before(h.claimEnd)) {
+		if h == nil {
+			h = s.get(a.Host, a.Now)
+		}
+		h.demand, h.waited = a.Now, true
+		if !a.Latest.IsZero() && sh.retry.After(a.Latest) {
+			return retryhttp.Reservation{Delay: sh.retry.Sub(a.Now)}
+		}
+		return retryhttp.Reservation{AskAgain: sh.retry}
+	}
 	if h == nil {
 		h = s.get(a.Host, a.Now)
 	}
+	h.demand = a.Now
 	n, rank := sh.fixed, h.rank
+	if n <= 0 && sh.claimed {
+		n = h.share
+	}
 	if n <= 0 {
 		n = h.n
 		if n <= 0 {
@@ -145,11 +211,17 @@ func (m *memory) reserve(a retryhttp.Attempt, p retryhttp.Pace, sh share) retryh
 	tolerance := time.Duration(burst-1) * interval
 	if !h.synced && !h.answerAt.IsZero() {
 		// The shared bucket as Redis last said, moved on by what the
-		// others may have taken before Redis failed: they keep it as far
-		// ahead of the clock as it was, a second's worth at most.
+		// others may have taken before Redis failed or lost its data:
+		// they keep it as far ahead of the clock as it was lately, a
+		// second's worth at most.
 		start := h.rtat
-		if n > 1 && sh.downAt.After(h.answerAt) {
-			start = start.Add(min(sh.downAt.Sub(h.answerAt), time.Second))
+		lost := sh.downAt
+		if lost.IsZero() {
+			lost = h.laneAt
+		}
+		if n > 1 && lost.After(h.knownAt) {
+			move := min(lost.Sub(h.knownAt), time.Second)
+			start = h.knownAt.Add(move + max(h.rtat.Sub(h.knownAt), h.peak))
 		}
 		if start.After(h.tat) {
 			h.tat = start
@@ -159,6 +231,9 @@ func (m *memory) reserve(a retryhttp.Attempt, p retryhttp.Pace, sh share) retryh
 	tat := h.tat
 	if tat.Before(a.Now) {
 		tat = a.Now
+	}
+	if floor := h.lease.Add(tolerance); sh.stall && tat.Before(floor) {
+		tat = floor
 	}
 	slot := tat.Add(-tolerance)
 	if slot.Before(a.Now) {
@@ -179,6 +254,7 @@ func (m *memory) reserve(a retryhttp.Attempt, p retryhttp.Pace, sh share) retryh
 	}
 	h.tat = tat.Add(interval)
 	h.own = h.tat
+	h.local = true
 	raise(&m.ownMax, h.own.UnixNano())
 	r := retryhttp.Reservation{OK: true, Delay: wait}
 	if wait > 0 {
@@ -227,21 +303,6 @@ func (m *memory) cancel(host string, mine time.Time, interval time.Duration) {
 	}
 }
 
-// horizon returns how far beyond now the slots that the in-process pacer
-// handed out for host reach; zero when they are all past.
-func (m *memory) horizon(host string, now time.Time) time.Duration {
-	if now.UnixNano() >= m.ownMax.Load() {
-		return 0
-	}
-	s := m.shard(host)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if h := s.hosts[host]; h != nil {
-		return max(0, h.own.Sub(now))
-	}
-	return 0
-}
-
 // raise sets v to n if n is larger.
 func raise(v *atomic.Int64, n int64) {
 	for {
@@ -256,29 +317,53 @@ func raise(v *atomic.Int64, n int64) {
 type answer struct {
 	at    time.Time     // when it arrived, on the Transport's clock
 	lead  time.Duration // how far ahead of Redis's now the shared bucket is
-	n     int           // live processes at the last heartbeat, 0 when none
-	rank  int           // this process's place among them, -1 when this call did not beat
+	n     int           // claims counted, 0 when none
+	rank  int           // this process's place among them, -1 when this call did not recount
 	rate  float64       // the learned pace, 0 for none
 	burst int
 	sub   int64 // the subscription's generation when it arrived
 	lane  bool  // processes are coming back from an outage (codeLane)
+	// claim is this process's claim's deadline, in µs of Redis's clock,
+	// whose now the answer told (redisNow): -1 when it holds none, -2
+	// when the call did not look. share is the claim's share, 1/share of
+	// the pace, to pace at in process (0: none).
+	claim, redisNow int64
+	share           int
 }
 
-// heard records an answer from Redis about host. It keeps nothing for a
-// host that is neither paced, learned nor counted: an unpaced host costs
-// no memory.
-func (m *memory) heard(host string, a answer) {
+// heard records an answer from Redis about host, and reports whether it
+// gave this process a claim it did not hold. It keeps nothing for a host
+// that is neither paced, learned nor counted: an unpaced host costs no
+// memory.
+func (m *memory) heard(host string, a answer) bool {
 	s := m.shard(host)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h := s.hosts[host]
 	if h == nil {
-		if a.lead <= 0 && a.n == 0 && a.rank < 0 && a.rate == 0 {
-			return
+		if a.lead <= 0 && a.n == 0 && a.rank < 0 && a.rate == 0 && a.claim < 0 {
+			return false
 		}
 		h = s.get(host, a.at)
 	}
-	h.rtat, h.answerAt, h.synced, h.sub = a.at.Add(a.lead), a.at, false, a.sub
+	// What this process knew of the bucket stands though Redis lost it
+	// (a flush, a restart): the slots it saw handed out are not handed
+	// out again. Only a cancel of its own moves it back (gaveBack).
+	// In a lane the bucket holds the slots handed out in process, this
+	// process's among them, which it knows better.
+	if rt := a.at.Add(a.lead); rt.After(h.rtat) && !a.lane {
+		h.rtat = rt
+	}
+	h.answerAt, h.synced, h.sub = a.at, false, a.sub
+	switch {
+	case !a.lane:
+		h.knownAt, h.laneAt = a.at, time.Time{}
+		if a.lead >= h.peak || a.at.Sub(h.peakAt) >= time.Second {
+			h.peak, h.peakAt = a.lead, a.at
+		}
+	case h.laneAt.IsZero():
+		h.laneAt = a.at
+	}
 	if a.n > 0 && (!a.lane || a.n > h.n) {
 		// Coming back from an outage, a restarted Redis counts the
 		// processes afresh as they come back: until then, those not back
@@ -289,19 +374,140 @@ func (m *memory) heard(host string, a answer) {
 		h.rank, h.hbAt, h.beatN = a.rank, a.at, a.n
 	}
 	h.lrate, h.lburst = a.rate, a.burst
+	if h.lastCall.IsZero() {
+		h.lastCall = a.at
+	}
+	had := h.claim
+	h.heardClaim(a)
+	if h.claim != had {
+		m.setClaimed(host, h.claim)
+	}
+	return h.claim && !had
 }
 
-// beatDue reports whether a call for host should count this process among
-// the host's live processes: not in the last heartbeatEvery, or the count
-// changed since.
-func (m *memory) beatDue(host string, now time.Time) bool {
+// heardClaim records what an answer says of this process's claim on the
+// host. An answer out of a lane ends the pacing in process; one that
+// finds the claim gone (Redis lost it, or it ended while the process was
+// cut off) leaves the process its share, an orphan, until it holds a
+// claim again: it paces that share in process while the processes come
+// back and count themselves afresh.
+func (h *memHost) heardClaim(a answer) {
+	if a.claim == -1 && h.claim {
+		h.orphan = true
+	}
+	if !a.lane {
+		h.local = false
+	}
+	if a.claim == -2 {
+		return // the call did not look
+	}
+	h.claim = a.claim >= 0
+	if !h.claim {
+		return
+	}
+	h.waited, h.orphan = false, false
+	// In a lane the claims are being counted afresh, and a share the
+	// process had may show as less, or none, until the others have come
+	// back: it keeps the share it had, or a smaller one.
+	if !a.lane || a.share > h.share {
+		h.share = a.share
+	}
+	// The deadline may lie in the past: a claim not renewed (a call that
+	// came late, a lane) is away already. Answers may arrive in another
+	// order than Redis ran their calls: the deadline held is the one of
+	// the call run last, which a goodbye must name.
+	lead := time.Duration(a.claim-a.redisNow) * time.Microsecond
+	if a.redisNow >= h.heldAt {
+		h.deadline, h.heldAt, h.claimEnd = a.claim, a.redisNow, a.at.Add(lead+awayFor)
+	}
+	if end := a.at.Add(max(lead, 0)); end.After(h.lease) {
+		h.lease = end
+	}
+}
+
+// prep is what a call to Redis for a host carries of this process's
+// knowledge of it.
+type prep struct {
+	ahead time.Duration // how far ahead the bucket is known to be full
+	dl    time.Duration // until the process calls again, if it still wants the host
+
+	beat  bool // recount the claims: the process's place may have moved
+	had   bool // the process paced the host in process on its claim, or Redis lost it
+	knew  bool // it holds a claim, as far as it knows
+	share int  // the share it paces at in process, 1/share; 0: none
+	// waited: it waited for Redis, holding no claim on the host.
+	waited bool
+}
+
+// prepare returns what a call for host at now carries, and records the
+// call. The bucket is known to be full as far as Redis last told it: a
+// server that lost its data since gets it back. The claim's deadline
+// gives the process twice its recent gap between calls to call again, or
+// the bucket's lead when longer: a process whose requests all wait for
+// their slots calls again when the first of them has gone.
+func (m *memory) prepare(host string, now time.Time, paced bool) prep {
 	s := m.shard(host)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h := s.hosts[host]
-	// A count that changed since this process's last beat may have moved
-	// its place: beat again to learn it.
-	return h == nil || h.n != h.beatN || now.Sub(h.hbAt) >= heartbeatEvery || now.Before(h.hbAt)
+	if h == nil {
+		return prep{beat: paced, dl: presenceFloor}
+	}
+	p := prep{had: h.orphan || (h.local && h.claim), knew: h.claim, waited: h.waited && !h.claim, share: h.share}
+	// A count that changed since this process's last recount may have
+	// moved its place: recount to learn it.
+	p.beat = h.n != h.beatN || now.Sub(h.hbAt) >= heartbeatEvery || now.Before(h.hbAt)
+	// Not the slots handed out in process: they are this process's share,
+	// which Redis counts as away until they have passed (see
+	// Limiter.Reserve), and lie only on its places in the round.
+	lead := min(max(h.rtat.Sub(now), 0), aheadFloor)
+	p.ahead = lead
+	if g := now.Sub(h.lastCall); !h.lastCall.IsZero() && g >= 0 {
+		h.gap = min(max(g, h.gap/2), presenceMax)
+	}
+	h.lastCall, h.demand = now, now
+	p.dl = max(min(max(2*h.gap, presenceFloor), presenceMax), lead)
+	h.dl = p.dl
+	return p
+}
+
+// pending returns the end of the slots the in-process pacer handed out for
+// host, when it lies after now, and records the demand: a request
+// waiting for them wants the host, and its claim is not to be given back.
+func (m *memory) pending(host string, now time.Time) (time.Time, bool) {
+	if now.UnixNano() >= m.ownMax.Load() {
+		return time.Time{}, false
+	}
+	s := m.shard(host)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h := s.hosts[host]; h != nil && h.own.After(now) {
+		h.demand = later(h.demand, now)
+		return h.own, true
+	}
+	return time.Time{}, false
+}
+
+// unanswered records a call for host that failed, but may still reach
+// Redis and renew this process's claim until the moment bound.
+func (m *memory) unanswered(host string, bound time.Time) {
+	s := m.shard(host)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h := s.hosts[host]; h != nil && bound.After(h.lease) {
+		h.lease = bound
+	}
+}
+
+// gaveBack records that Redis took back a slot of host that this process
+// cancelled: the bucket it knows of is one interval less full.
+func (m *memory) gaveBack(host string, interval time.Duration) {
+	s := m.shard(host)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h := s.hosts[host]; h != nil {
+		h.rtat = h.rtat.Add(-interval)
+	}
 }
 
 // subGen returns the subscription generation of host's last answer, 0 when
@@ -362,8 +568,8 @@ func (s *memShard) get(host string, now time.Time) *memHost {
 	}
 	if len(s.hosts) >= s.sweepAt && !now.IsZero() {
 		for k, h := range s.hosts {
-			if !h.tat.After(now) && !h.parked.After(now) && !h.own.After(now) &&
-				now.Sub(h.answerAt) >= aliveFor && (h.lrate == 0 || now.Sub(h.answerAt) >= learnTTL) {
+			if !h.tat.After(now) && !h.parked.After(now) && !h.own.After(now) && !h.claim &&
+				now.Sub(h.answerAt) >= 3*heartbeatEvery && (h.lrate == 0 || now.Sub(h.answerAt) >= learnTTL) {
 				delete(s.hosts, k)
 			}
 		}

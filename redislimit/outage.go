@@ -3,66 +3,67 @@ package redislimit
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/retryhttp/retryhttp"
 )
 
-// While Redis does not answer, the Limiter paces in process, each process
-// at its share of the pace, probes Redis once per probe interval, and hands
-// Redis the parkings it learned meanwhile when Redis is back.
+// While a server does not answer, the Limiter paces its hosts in process,
+// each process at its share of the pace, probes the server once per probe
+// interval, and hands it the parkings it learned meanwhile when it is
+// back.
 
 // local takes a slot from the in-process pacer for an attempt whose call to
-// Redis took elapsed. The pacer counts from now, not from before the call:
+// srv took elapsed. The pacer counts from now, not from before the call:
 // a slot counted from a.Now would be up to a timeout in the past, and its
 // attempt would go out with the next one.
-func (l *Limiter) local(a retryhttp.Attempt, elapsed time.Duration) retryhttp.Reservation {
+func (l *Limiter) local(srv *server, a retryhttp.Attempt, elapsed time.Duration) retryhttp.Reservation {
 	b := a
 	b.Now = a.Now.Add(elapsed)
-	r := l.mem.reserve(b, a.Pace, l.shares())
+	r := l.mem.reserve(b, a.Pace, l.shares(srv, b.Now))
 	if r.Delay > 0 || r.OK {
 		r.Delay += elapsed
 	}
 	return r
 }
 
-// shares is how the in-process pacer divides a pace just now.
-func (l *Limiter) shares() share {
-	sh := share{fixed: l.share, peers: int(l.peers.Load())}
-	if l.down.Load() {
-		sh.downAt = l.start.Add(time.Duration(l.downAt.Load()))
+// shares is how the in-process pacer divides a pace of srv's just now
+// (on the Transport's clock).
+func (l *Limiter) shares(srv *server, now time.Time) share {
+	sh := share{fixed: l.share, peers: int(l.peers.Load()), claimed: l.rdb != nil && l.share == 0}
+	if srv.down.Load() {
+		since := time.Since(l.start)
+		sh.downAt = now.Add(time.Duration(srv.downAt.Load()) - since)
+		sh.retry = now.Add(max(time.Duration(srv.probeAt.Load())-since, 0))
+		sh.stall = sh.claimed
+	} else {
+		sh.retry = now.Add(l.probe)
 	}
 	return sh
 }
 
-// useRedis reports whether this call should go to Redis: always while
-// Redis answers, and once per probe interval while it does not.
-func (l *Limiter) useRedis() bool {
+// useRedis reports whether this call should go to srv: always while it
+// answers, and once per probe interval while it does not.
+func (l *Limiter) useRedis(srv *server) bool {
 	if l.rdb == nil {
 		return false
 	}
-	if !l.down.Load() {
+	if !srv.down.Load() {
 		return true
 	}
 	now := int64(time.Since(l.start))
-	at := l.probeAt.Load()
-	return now >= at && l.probeAt.CompareAndSwap(at, now+int64(l.probe))
+	at := srv.probeAt.Load()
+	return now >= at && srv.probeAt.CompareAndSwap(at, now+int64(l.probe))
 }
 
-// returning reports whether Redis came back from an outage lately: within a
-// probe interval, every process that paced in process has tried it again.
-func (l *Limiter) returning() bool {
-	back := l.backAt.Load()
-	return back != 0 && int64(time.Since(l.start))-back < int64(l.probe)
-}
-
-// fail records a failed call: pace in process, and warn unless a warning
-// was given in the last minute.
-func (l *Limiter) fail(err error) {
+// fail records a failed call to srv: pace its hosts in process, and warn
+// unless a warning was given in the last minute.
+func (l *Limiter) fail(srv *server, err error) {
 	now := int64(time.Since(l.start))
-	l.probeAt.Store(now + int64(l.probe))
-	if !l.down.Load() && l.down.CompareAndSwap(false, true) {
-		l.downAt.Store(now)
+	srv.probeAt.Store(now + int64(l.probe))
+	if !srv.down.Load() && srv.down.CompareAndSwap(false, true) {
+		srv.downAt.Store(now)
 	}
 	if l.logger == nil {
 		return
@@ -72,55 +73,81 @@ func (l *Limiter) fail(err error) {
 		return
 	}
 	l.unsaid.Store(true)
+	attrs := []slog.Attr{slog.String("error", err.Error()), slog.Duration("probe_every", l.probe)}
+	if srv.name != "" {
+		attrs = append(attrs, slog.String("shard", srv.name))
+	}
 	l.logger.LogAttrs(context.Background(), slog.LevelWarn,
-		"redislimit: Redis failed; pacing in process until it answers",
-		slog.String("error", err.Error()),
-		slog.Duration("probe_every", l.probe))
+		"redislimit: Redis failed; pacing in process until it answers (hosts first met meanwhile wait for it)", attrs...)
 }
 
-// answered records a call that Redis answered: back to Redis, if the
-// Limiter was pacing in process.
-func (l *Limiter) answered() {
+// answered records a call that srv answered: back to Redis, if the
+// Limiter was pacing its hosts in process.
+func (l *Limiter) answered(srv *server) {
 	if !l.started.Load() && l.started.CompareAndSwap(false, true) {
 		if l.channel != "" {
 			l.spawn(l.listen)
 		}
 		l.spawn(l.checkPolicy)
 	}
-	if !l.down.Load() || !l.down.CompareAndSwap(true, false) {
+	if !srv.down.Load() || !srv.down.CompareAndSwap(true, false) {
 		return
 	}
-	l.backAt.Store(max(int64(time.Since(l.start)), 1))
 	if l.unsaid.Swap(false) && l.logger != nil {
 		l.logger.LogAttrs(context.Background(), slog.LevelInfo,
 			"redislimit: Redis answers again; pacing shared")
 	}
 	// A Redis that restarted may have come back with another policy.
 	l.spawn(l.checkPolicy)
-	if l.mem.parkings(time.Now()) != nil && l.flushing.CompareAndSwap(false, true) {
-		if !l.spawn(l.flush) {
-			l.flushing.Store(false)
-		}
+	l.putBack(srv)
+}
+
+// putBack hands srv, on a goroutine of its own, the parkings this process
+// knows of for hosts on it: those set while it was away, or lost with its
+// data, so that the other processes see them too.
+func (l *Limiter) putBack(srv *server) {
+	if l.mem.parkings(time.Now()) == nil || !srv.flushing.CompareAndSwap(false, true) {
+		return
+	}
+	if !l.spawn(func() { l.flush(srv) }) {
+		srv.flushing.Store(false)
 	}
 }
 
-// flush hands Redis the parkings this process knows of, those set while
-// Redis was down among them, so that other processes see them too.
-func (l *Limiter) flush() {
-	defer l.flushing.Store(false)
+func (l *Limiter) flush(srv *server) {
+	defer srv.flushing.Store(false)
 	for host, until := range l.mem.parkings(time.Now()) {
 		rest := time.Until(until)
-		if rest <= 0 {
+		if rest <= 0 || l.serverFor(host) != srv {
 			continue
 		}
 		if l.ctx.Err() != nil {
 			return
 		}
-		if err := l.parkRedis(l.ctx, host, rest); err != nil {
+		if err := l.parkRedis(l.ctx, srv, host, rest); err != nil {
 			if !permanent(err) && l.ctx.Err() == nil {
-				l.fail(err)
+				l.fail(srv, err)
 			}
 			return
 		}
+	}
+}
+
+// seenEpoch records the epoch an answer from srv told. Another than the one
+// known means that srv lost its data since (a restart, a flush, a shard
+// back empty), with the parkings it held: whoever holds one puts it back,
+// whether or not it noticed an outage.
+func (l *Limiter) seenEpoch(srv *server, e int64) {
+	if e == 0 {
+		return
+	}
+	srv.epochAt.Store(int64(time.Since(l.start)))
+	old := srv.epoch.Swap(e)
+	if old == e {
+		return
+	}
+	srv.known.Store(strconv.FormatInt(e, 10))
+	if old != 0 {
+		l.putBack(srv)
 	}
 }

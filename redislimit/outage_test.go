@@ -173,7 +173,11 @@ func TestOutageCostsAtMostOneBurst(t *testing.T) {
 			if busiest > pace+1+1 {
 				t.Errorf("busiest second had %d requests, want at most %d (pace and one burst)", busiest, pace+1)
 			}
-			if got := observedRate(ts); got < 0.8*pace {
+			// Below the pace by what the outage costs: the calls in flight
+			// when Redis went away (a timeout each), the wait for the
+			// others to stop counting a process present before it paces
+			// in process, and the return, a process at a time.
+			if got := observedRate(ts); got < 0.7*pace {
 				t.Errorf("rate %.2f/s, far below the pace of %d/s", got, pace)
 			}
 		})

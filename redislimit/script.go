@@ -17,17 +17,28 @@ import (
 //	gs, gc, gp
 //	     slots granted, in two one-second bins (start, current, previous):
 //	     what the host got in the last second, for learning
-//	a:ID the last heartbeat of the process ID; hb the latest of them, and
-//	     n how many processes were alive then
-//	rt   while set and ahead: processes come back from an outage, and each
-//	     paces its own share in process until then (see reserveLua)
-//	r, an, q, ra, st, rf, hu, nr, bc, gr, b, lr, fs, fc, fp, w, sd
+//	a:ID the claim of the process ID on a share of the host: "deadline s",
+//	     the moment by which ID calls again if it still wants the host,
+//	     and its share, 1/s, while it cannot reach Redis (see claimsLua)
+//	n, ks, ts, kt, hb
+//	     the claims counted: how many, the shares of those away and of
+//	     all, the next moment one of them changes state, the latest
+//	     deadline
+//	rt   while set and ahead: processes come back from an outage that
+//	     lost their claims, and each paces its own share in process until
+//	     then (see reserveLua)
+//	r, an, q, ra, st, rf, hu, nr, bc, gr, b, lr, fs, fc, fp, w, sd, ua
 //	     the learned pace and what it was learned from: see learnLua
+//
+// Beside the hosts, each server holds one marker, prefix + "\x00epoch"
+// (not with a Cluster, where a script reaches one slot only): when its
+// data began, and until when keys new to the scripts wait for what the
+// processes held of them to be put back (see epochLua).
 //
 // One key per host keeps every script on one slot in Redis Cluster. The key
 // expires when nothing in it matters any more: the bucket full, the parking
-// over, no heartbeat alive, nothing learned. Such a host is
-// indistinguishable from one never seen, so idle hosts vanish.
+// over, no claim held, nothing learned. Such a host is indistinguishable
+// from one never seen, so idle hosts vanish.
 //
 // Every script reads the clock with TIME inside the script, so every
 // process is measured against one clock, the server's: a process whose
@@ -47,10 +58,25 @@ import (
 // learn.go, which keeps them unexported: the shared learner follows the
 // same rules.
 const (
-	// aliveFor is how long a process's heartbeat counts it among a host's
-	// live processes; it beats at most once per heartbeatEvery per host.
-	aliveFor       = 3 * time.Second
+	// awayFor is how long a claim outlives its deadline: a process that
+	// stopped calling may be cut off from Redis and pacing its share in
+	// process, so its share is kept for it this long. A process that
+	// merely stopped wanting the host gives its claim back at once.
+	awayFor = 30 * time.Second
+	// heartbeatEvery is how often at least a process recounts the claims
+	// of a host it calls, to learn its place among them (the rank of its
+	// slots in process).
 	heartbeatEvery = time.Second
+	// presenceFloor is the least a claim's deadline lies ahead of a call,
+	// and presenceMax the most, before the bucket's lead is added: twice
+	// the process's gap between calls, within these bounds.
+	presenceFloor = 100 * time.Millisecond
+	presenceMax   = 3 * time.Second
+	// presenceLate: a call that reaches Redis later than this after it was
+	// sent (or the timeout, when shorter) does not renew its claim. Its
+	// process may have given up on it and be pacing in process by now,
+	// and must know how long the others may still count it as present.
+	presenceLate = 50 * time.Millisecond
 	// aheadFloor and aheadSlots bound how far ahead a slot is handed out:
 	// the larger of 10 s and 64 slots. A later slot is not taken; the
 	// caller asks again (Reservation.AskAgain). A bucket further ahead
@@ -79,21 +105,35 @@ const (
 	learnMaxAhead  = 10 * time.Second
 )
 
+// maxLease bounds how far ahead a claim's deadline can lie.
+const maxLease = 2*presenceMax + aheadFloor
+
 func us(d time.Duration) int64 { return int64(d / time.Microsecond) }
 
-// preludeLua is the start of every script: the clock, the host's state in
-// S, and helpers that write back only what changed.
-var preludeLua = strings.NewReplacer(
-	"ALIVE", fmt.Sprint(us(aliveFor)),
+// clockLua starts every script: the server's clock, and a writer of
+// numbers.
+const clockLua = `
+if redis.replicate_commands then pcall(redis.replicate_commands) end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local function num(x)
+  if x == math.floor(x) and math.abs(x) < 9e15 then return string.format('%d', x) end
+  return string.format('%.17g', x)
+end
+`
+
+// preludeLua is the start of every script on a host: the clock, the host's
+// state in S, and helpers that write back only what changed.
+var preludeLua = clockLua + strings.NewReplacer(
+	"AWAY", fmt.Sprint(us(awayFor)),
+	"MAXLEASE", fmt.Sprint(us(maxLease)),
+	"LANEKEEP", fmt.Sprint(us(aheadFloor)),
 	"MAXPARK", fmt.Sprint(us(retryhttp.MaxParking+parkSlack)),
 	"HOLD", fmt.Sprint(us(learnHold)),
 	"LTTL", fmt.Sprint(us(learnTTL)),
 	"MAXRATE", fmt.Sprint(learnMaxRate),
 ).Replace(`
-if redis.replicate_commands then pcall(redis.replicate_commands) end
 local key = KEYS[1]
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
 local S, dirty = {}, {}
 local function load(F)
   local raw = redis.call('HMGET', key, unpack(F))
@@ -105,14 +145,10 @@ local function load(F)
 end
 -- The fields of what was learned are read only for a host that learned
 -- something (st set): a host that never refused costs one short read.
-load({'t','p','st','rt','gs','gc','gp','hb','n'})
-if S.st then load({'r','an','q','ra','rf','hu','nr','bc','gr','b','lr','fs','fc','fp','w','sd'}) end
+load({'t','p','st','rt','gs','gc','gp','hb','n','ks','kt','ts'})
+if S.st then load({'r','an','q','ra','rf','hu','nr','bc','gr','b','lr','fs','fc','fp','w','sd','ua'}) end
 local function set(f, x) S[f] = x; dirty[f] = true end
-local function num(x)
-  if x == math.floor(x) and math.abs(x) < 9e15 then return string.format('%d', x) end
-  return string.format('%.17g', x)
-end
-local LEARN = {'r','an','q','ra','st','rf','hu','nr','bc','gr','b','lr','fs','fc','fp','w','sd'}
+local LEARN = {'r','an','q','ra','st','rf','hu','nr','bc','gr','b','lr','fs','fc','fp','w','sd','ua'}
 local function forget()
   for _, f in ipairs(LEARN) do if S[f] then set(f, nil) end end
 end
@@ -124,9 +160,12 @@ if S.rt and S.rt > now + 60000000 then set('rt', nil) end
 if (S.gs and S.gs > now + 1000000) or (S.gc and S.gc < 0) or (S.gp and S.gp < 0) then
   set('gs', nil); set('gc', nil); set('gp', nil)
 end
-if S.hb and S.hb > now + 1000000 then set('hb', nil) end
+if (S.hb and S.hb > now + MAXLEASE + 1000000) or (S.kt and S.kt > now + MAXLEASE + AWAY + 1000000) or
+   (S.ks and (S.ks < 0 or S.ks > (S.n or 0))) or (S.ts and (S.ts < 0 or S.ts > (S.n or 0))) then
+  set('hb', nil); set('kt', nil); set('ks', nil); set('ts', nil) -- the claims are counted afresh
+end
 if S.st then
-  for _, f in ipairs({'nr','gr','b','lr','fs'}) do
+  for _, f in ipairs({'nr','gr','b','lr','fs','ua'}) do
     if S[f] and S[f] > now + 1000000 then set(f, nil) end
   end
   if S.hu and S.hu > now + HOLD + 1000000 then set('hu', nil) end
@@ -140,7 +179,14 @@ end
 local function save()
   local hs, hd = {}, {}
   for f in pairs(dirty) do
-    if S[f] then hs[#hs + 1] = f; hs[#hs + 1] = num(S[f]) else hd[#hd + 1] = f end
+    local x = S[f]
+    if type(x) == 'string' then
+      hs[#hs + 1] = f; hs[#hs + 1] = x
+    elseif x then
+      hs[#hs + 1] = f; hs[#hs + 1] = num(x)
+    else
+      hd[#hd + 1] = f
+    end
   end
   if #hd == 0 and #hs == 0 then return end
   if #hd > 0 then redis.call('HDEL', key, unpack(hd)) end
@@ -148,8 +194,10 @@ local function save()
   local last = now
   if S.t and S.t > last then last = S.t end
   if S.p and S.p > last then last = S.p end
-  if S.hb and S.hb + ALIVE > last then last = S.hb + ALIVE end
-  if S.rt and S.rt > last then last = S.rt end
+  if S.hb and S.hb + AWAY > last then last = S.hb + AWAY end
+  -- A lane held stays a while as a sign of it, that no process waiting
+  -- opens another as it ends.
+  if S.rt and S.rt + LANEKEEP > last then last = S.rt + LANEKEEP end
   if S.st and now + LTTL > last then last = now + LTTL end
   if last <= now then
     redis.call('DEL', key)
@@ -205,63 +253,211 @@ local function ceiling()
 end
 `)
 
+// claimsLua is what reserveLua and leaveLua know of claims. A process that
+// paces a host holds a claim on a share of it, a:ID = "deadline s": the
+// moment by which it calls again if it still wants the host, and the
+// share 1/s it paces at in process while it cannot reach Redis (0: none).
+// The shares held add up to the pace at most (ts is their sum). A claim whose deadline has passed
+// is away: its process may be pacing its share in process, cut off from
+// Redis while the others still reach it, so the others leave that share
+// alone for awayFor more. A process that stops wanting a host gives its
+// claim back (leaveLua), and costs the others nothing.
+var claimsLua = strings.NewReplacer(
+	"AWAY", fmt.Sprint(us(awayFor)),
+	"MAXLEASE", fmt.Sprint(us(maxLease)),
+).Replace(`
+local function claim(v)
+  if not v then return nil end
+  local d, c = string.match(v, '^(%d+) (%d+)$')
+  if not d then return nil end
+  return tonumber(d), tonumber(c)
+end
+-- recount counts the claims, me's being (d, cn), drops those dead or
+-- corrupt, and sets n, the share ks of those away, the next moment kt one
+-- of them changes state and the latest deadline hb. It returns the ids,
+-- sorted: ids start with their process's start time, so places go by
+-- joining, and after a loss of Redis's data the processes take back their
+-- places as they come.
+local function recount(me, d, cn)
+  local all = redis.call('HGETALL', key)
+  local ids, ks, ts, kt, hb = {}, 0, 0, nil, nil
+  local function count(f, cd, c)
+    ids[#ids + 1] = string.sub(f, 3)
+    local part = 0
+    if c and c > 0 then part = 1 / c end
+    if f ~= me then ts = ts + part end
+    local at = cd
+    if cd < now then
+      ks = ks + part
+      at = cd + AWAY
+    end
+    if not kt or at < kt then kt = at end
+    if not hb or cd > hb then hb = cd end
+  end
+  for i = 1, #all, 2 do
+    local f = all[i]
+    if string.sub(f, 1, 2) == 'a:' and f ~= me then
+      local cd, c = claim(all[i + 1])
+      if cd and cd + AWAY > now and cd <= now + MAXLEASE then
+        count(f, cd, c)
+      else
+        redis.call('HDEL', key, f)
+      end
+    end
+  end
+  if me and d then count(me, d, cn) end
+  table.sort(ids)
+  if #ids == 0 then
+    set('n', nil); set('ks', nil); set('kt', nil); set('hb', nil); set('ts', nil)
+  else
+    set('n', #ids); set('kt', kt); set('hb', hb)
+    if ks > 0 then set('ks', ks) else set('ks', nil) end
+  end
+  return ids, ts
+end
+-- shareOf returns the share, as 1/s, that a process may pace at in
+-- process, others being the shares the other claims hold: 1/n, or what
+-- they leave when less. A process joining takes what the others do not
+-- hold yet: their count grows as they call, and with it what is left. s
+-- is 0 when nothing is left.
+local function shareOf(others)
+  local fs = math.min(1 / math.max(S.n or 1, 1), 1 - others)
+  if fs <= 0.000001 then return 0 end
+  return math.min(math.ceil(1 / fs - 0.000000001), 1000000)
+end
+`)
+
+// epochLua knows the server's epoch marker: the Redis time its data began
+// (e), and until when keys new to the scripts wait (rec). A marker missing
+// means the data is new: a first start, or a restart or flush that lost
+// it. A process that knew another epoch has seen the loss: it opens a
+// window of a probe interval and two timeouts (win) in which a key new to
+// the reserve script waits unless its caller brings what it knew of it,
+// so that the processes holding a parking of it put it back first.
+const epochLua = `
+local function epochOf(mk, known, win)
+  local m = redis.call('HMGET', mk, 'e', 'rec')
+  local e, rec = tonumber(m[1]), tonumber(m[2])
+  if not e then
+    e = now
+    redis.call('HSET', mk, 'e', num(e))
+  end
+  if known and known ~= e and (not rec or rec < now + win) then
+    rec = now + win
+    redis.call('HSET', mk, 'rec', num(rec))
+  end
+  return e, rec or 0
+end
+`
+
 // reserveLua takes one slot for a host, unless it is parked or the slot
 // would come too late. The pace is the one the caller configured, or the
-// learned one when slower.
+// learned one when slower, of which the processes that reach Redis take
+// the share not claimed by those away.
 //
+//	KEYS[2]  the server's epoch marker; absent with a Cluster
 //	ARGV[1]  the configured interval between slots in microseconds; 0: no
 //	         pace configured
 //	ARGV[2]  the configured burst
 //	ARGV[3]  the longest wait accepted, in microseconds; empty: no bound
-//	ARGV[4]  how far ahead, in microseconds, the caller's in-process
-//	         pacer has handed out slots: the bucket is taken to be at
-//	         least that full; empty: nothing to add
-//	ARGV[5]  "" to take a slot; "c" to check the parking only; "r" to take
-//	         a slot as a process just back from an outage
-//	ARGV[6]  the caller's process id, to count it among the host's live
-//	         processes; empty: not this time
-//	ARGV[7]  after an outage, how long to give the other processes to come
-//	         back, in microseconds
+//	ARGV[4]  how far ahead, in microseconds, the caller knows the bucket
+//	         to be full, as Redis last told it (lost since, if Redis lost
+//	         its data); empty: nothing to add
+//	ARGV[5]  "" to take a slot; "c" to check the parking only; "p" for a
+//	         probe from a process pacing in process: its claim is neither
+//	         renewed nor made, and it takes no slot
+//	ARGV[6]  the caller's process id; empty: it holds no claim (a check)
+//	ARGV[7]  after a loss of Redis's data, how long to give the other
+//	         processes to come back, in microseconds
+//	ARGV[8]  "1" to recount the claims (the caller's place among them)
+//	ARGV[9]  how long, in microseconds, until the caller calls again if it
+//	         still wants the host: its claim's deadline from now
+//	ARGV[10] the caller's bound on this call, on Redis's clock: a call
+//	         that runs later is refused, its caller having given up on it;
+//	         empty: none
+//	ARGV[11] the bound after which the call does not renew the caller's
+//	         claim; empty: none
+//	ARGV[12] the epoch the caller knew for this server; empty: none
+//	ARGV[13] "h" when the caller paced the host in process on its claim
+//	         since its last answer, or held a claim that Redis lost; "k"
+//	         when it holds a claim, as far as it knows; "w" when it waited
+//	         for this server, holding no claim on the host; else empty
+//	ARGV[14] the share the caller paces at in process, 1/ARGV[14] of the
+//	         pace; 0: none
 //
-// It returns {code, wait, tat, lead, n, rank, rate, burst, interval}: code 0 when a
-// slot was taken wait microseconds from now, tat being the bucket's state
-// after it (for cancelScript); 1 when the slot would come after the bound
-// (nothing taken); 2 when the host is parked for wait more microseconds; 3
-// when the slot lies beyond the horizon and the caller should ask again in
-// wait microseconds; 4 when processes are coming back from an outage and
-// the caller paces its share in process for wait more microseconds. lead is
-// how far ahead the bucket is (t - now), n the live processes at the last
-// heartbeat of any, rank the caller's place among them when it beat (else
-// -1), rate and burst the
-// learned pace (rate in millionths a second, 0 for none), interval the
-// pace's interval in microseconds (for cancelScript).
-var reserveLua = preludeLua + learnCommonLua + strings.NewReplacer(
+// It returns {code, wait, tat, lead, n, rank, rate, burst, interval,
+// deadline, epoch, now, sd}: code 0 when a slot was taken wait microseconds
+// from now, tat being the bucket's state after it (for cancelScript); 1
+// when the slot would come after the bound (nothing taken); 2 when the
+// host is parked for wait more microseconds; 3 when the caller should ask
+// again in wait microseconds (the slot lies beyond the horizon, the
+// processes away claim the whole pace, or the key is new while a loss of
+// data is recovered, or processes are coming back from an outage and the
+// caller had no share to pace); 4 when processes are coming back from a
+// loss of their claims and the caller paces its share in process for wait
+// more microseconds; 5 when the call came past its bound, and did nothing;
+// 6 when a probe was answered (nothing taken).
+// lead is how far ahead the bucket is (t - now), n the claims counted (0
+// when the call did not look at them),
+// rank the caller's place among them when it recounted (else -1), rate
+// and burst the learned pace (rate in millionths a second, 0 for none),
+// interval the interval of the slot taken in microseconds (for
+// cancelScript), deadline the caller's claim's deadline on the server's
+// clock, exactly as held (-1: none, -2: not looked at), epoch the server's, now the server's clock,
+// and sd the caller's share of the pace in process, 1/sd (0: none).
+var reserveLua = preludeLua + learnCommonLua + claimsLua + epochLua + strings.NewReplacer(
 	"LHORIZON", fmt.Sprint(us(learnHorizon)),
 	"AHEADFLOOR", fmt.Sprint(us(aheadFloor)),
 	"AHEADSLOTS", fmt.Sprint(aheadSlots),
-	"ALIVE", fmt.Sprint(us(aliveFor)),
 	"GROWEVERY", fmt.Sprint(us(learnGrowEvery)),
 	"PLATEAU", fmt.Sprint(us(learnPlateau)),
 	"WATCH", fmt.Sprint(us(learnWatch)),
 	"STEP", fmt.Sprint(learnStep),
 	"NEAR", fmt.Sprint(learnNear),
+	"MAXIV", fmt.Sprint(us(maxInterval)),
+	"AWAY", fmt.Sprint(us(awayFor)),
 ).Replace(`
 local ci, cb = tonumber(ARGV[1]), tonumber(ARGV[2])
 local bound, ahead = tonumber(ARGV[3]), tonumber(ARGV[4])
 local mode, id, win = ARGV[5], ARGV[6], tonumber(ARGV[7]) or 0
-local eff, rank = 0, -1
+local recnt, dl = ARGV[8] == '1', tonumber(ARGV[9]) or 0
+local by, pby, known = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local had, waited = ARGV[13] == 'h', ARGV[13] == 'w'
+local knew = had or ARGV[13] == 'k'
+local held = tonumber(ARGV[14]) or 0
+local eff, rank, mine, looked, epoch, rec, lane, sd = 0, -1, nil, false, 0, 0, nil, 0
 local function answer(code, wait, tat)
   save()
   local lead = 0
   if S.t and S.t > now then lead = S.t - now end
   local _, lb = learned()
-  return {code, wait, tat or 0, lead, S.n or 0, rank, math.floor((S.r or 0) * 1000000), lb, eff}
+  local dl = -2
+  if looked then dl = -1 end
+  if mine then dl = mine end
+  -- The count is told only by a call that looked at it: a check, answered
+  -- before, knows nothing of processes coming back from an outage.
+  local n = 0
+  if looked then n = S.n or 0 end
+  return {code, wait, tat or 0, lead, n, rank, math.floor((S.r or 0) * 1000000), lb, eff, dl, epoch, now, sd}
 end
+-- A call that comes after its caller gave up on it (a frozen server
+-- waking, a link delivering late) would take a slot nobody uses, or tell
+-- of a presence that has ended.
+if by and now > by then return {5, 0, 0, 0, 0, -1, 0, 0, 0, -2, 0, now, 0} end
+if KEYS[2] then epoch, rec = epochOf(KEYS[2], known, win) end
 if S.p and S.p > now then return answer(2, S.p - now) end
 if mode == 'c' then return answer(0, 0) end
+-- A key new to the scripts just after a loss of Redis's data may be one
+-- that was lost: its parking is being put back by those that hold it.
+if rec > now and not (S.t or S.p or S.n or S.hb or S.st) and not (ahead and ahead > 0) and not knew then
+  return answer(3, rec - now)
+end
 -- The learned pace grows while requests queue for it, and is dropped when
--- it holds nothing back (the core's paceOf and grow).
+-- it holds nothing back: demand far below it for a whole second of use.
+-- A quiet spell is no such sign, and what was learned is kept through it
+-- until the key expires, a minute after the last use.
 if S.st then
+  if last('gs', 'gc', 'gp') == 0 then set('ua', now) end
   local r = S.r or 0
   if r == 0 and now - (S.lr or 0) >= WATCH then
     forget()
@@ -282,7 +478,8 @@ if S.st then
         set('st', math.min(3 * step, 1))
       end
       if grow then set('r', math.min(nxt, ceiling())) end
-    elseif (S.an or 0) == 0 and last('gs', 'gc', 'gp') < r / 2 and now - (S.lr or 0) >= WATCH then
+    elseif (S.an or 0) == 0 and now - (S.ua or now) >= GROWEVERY and last('gs', 'gc', 'gp') + 1 < r / 2 and
+           now - (S.lr or 0) >= WATCH then
       set('r', nil)
     end
     set('gr', now)
@@ -306,37 +503,113 @@ if interval <= 0 then
   if S.st then add('gs', 'gc', 'gp', 1) end
   return answer(0, 0)
 end
+local share = 1
 if id ~= '' then
-  -- Places go by id, and an id starts with its process's start time: a
-  -- process joining does not move the others, and after a restart of
-  -- Redis the processes take back their places as they beat again.
-  redis.call('HSET', key, 'a:' .. id, num(now))
-  set('hb', now)
-  local all = redis.call('HGETALL', key)
-  local ids = {}
-  for i = 1, #all, 2 do
-    local f = all[i]
-    if string.sub(f, 1, 2) == 'a:' then
-      local at = tonumber(all[i + 1])
-      if at and at > now - ALIVE and at <= now + 1000000 then
-        ids[#ids + 1] = string.sub(f, 3)
-      else
-        redis.call('HDEL', key, f)
-      end
-    end
+  looked = true
+  local me = 'a:' .. id
+  local od, on = claim(redis.call('HGET', key, me))
+  -- Coming back from an outage that lost the claims (a restart): the
+  -- processes still pacing in process do so until the moment rt, and so
+  -- does every process until then, at the share it had; at rt they all go
+  -- back to the shared bucket, each once its slots in process have
+  -- passed. The caller knows of such a loss when its own claim is gone,
+  -- or when it waited out the outage with none and finds no claim at all,
+  -- nor the sign of a lane held since the data began (rt stays, past).
+  if not od and not (S.rt and S.rt > now) and (had or (waited and not S.n and not S.rt)) then
+    set('rt', now + win + (S.n or 1) * interval)
   end
-  table.sort(ids)
-  for i = 1, #ids do if ids[i] == id then rank = i - 1 end end
-  set('n', #ids)
+  -- So too while a loss of the server's data is recovered: until every
+  -- process has come back and counted itself again, each paces the share
+  -- it had, and one that had none waits.
+  lane = math.max(S.rt or 0, rec)
+  if lane <= now then lane = nil end
+  local d, cn = od, on
+  -- A probe may not get its answer in time; a call that came late may be
+  -- one its caller gave up on: neither tells that the caller is here.
+  local grow = false
+  if mode ~= 'p' and not (pby and now > pby) and (od or knew or not lane) then
+    d = now + dl
+    if od and od > d then d = od end
+    cn = nil
+    if lane then
+      -- In a lane the caller paces in process: away, holding the share
+      -- it paces at, so that the first back on the bucket takes only its
+      -- own when the lane ends.
+      d = now - 1
+      if held > 0 then cn = held end
+    end
+  elseif d and d + AWAY <= now then
+    d = nil -- ended: recount drops it
+  else
+    -- The share of a claim not renewed may still grow: the others then
+    -- leave more for a process that paces less, or not at all.
+    grow = mode ~= 'p' and not lane
+  end
+  local others
+  if recnt or (d and (not od or od < now)) or not S.n or not S.kt or now >= S.kt or not S.ts then
+    local ids
+    ids, others = recount(me, d, cn)
+    if d then
+      for i = 1, #ids do if ids[i] == id then rank = i - 1 end end
+    end
+  else
+    others = (S.ts or 0)
+    if on and on > 0 then others = others - 1 / on end
+    if d and d > (S.hb or 0) then set('hb', d) end
+  end
+  if d then
+    -- A renewed claim takes the share the others leave; one not renewed
+    -- keeps its own, or a larger one.
+    if not cn then
+      cn = shareOf(others)
+    elseif grow then
+      local g = shareOf(others)
+      if g > 0 and (cn == 0 or g < cn) then cn = g end
+    end
+    S[me] = string.format('%d %d', d, cn)
+    dirty[me] = true
+    mine, sd = d, cn
+    local part = 0
+    if cn > 0 then part = 1 / cn end
+    set('ts', math.max(others, 0) + part)
+  end
+  -- The caller's own share, if it is away, is its to take.
+  local own = 0
+  if d and d < now and cn and cn > 0 then own = 1 / cn end
+  share = 1 - ((S.ks or 0) - own)
 end
--- Coming back from an outage: the processes still pacing in process do so
--- until the moment rt, and so does every process until then; at rt they
--- all go back to the shared bucket, each telling it how far ahead it has
--- handed out slots (ahead).
-if mode == 'r' and not (S.rt and S.rt > now) then set('rt', now + win + (S.n or 1) * interval) end
-if S.rt then
-  if S.rt > now then return answer(4, S.rt - now) end
-  set('rt', nil)
+if lane then
+  if mine or knew then
+    -- The slot the caller takes in process now, in its place in a round
+    -- of the processes' slots, stays in the bucket: whoever takes the
+    -- next slot in Redis when the lane ends comes after it. (A caller
+    -- asks again only once its slots in process have passed.)
+    local t = now + (S.n or 1) * interval
+    if not S.t or S.t < t then set('t', t) end
+    return answer(4, lane - now)
+  end
+  if bound and lane - now > bound then return answer(1, lane - now) end
+  return answer(3, lane - now)
+end
+-- A probe answered says that Redis is back, and takes no slot: its caller
+-- has slots of its own in process still to come, and asks again as a
+-- process that is back once they have passed.
+if mode == 'p' then return answer(6, 0) end
+if share < 1 then
+  if share <= 0.000001 then
+    -- Those away claim the whole pace: wait for one to come back, or for
+    -- the next claim to end.
+    local w = math.max(math.min((S.kt or now) - now, 1000000), 1000)
+    if bound and w > bound then return answer(1, w) end
+    return answer(3, w)
+  end
+  interval = math.min(math.ceil(interval / share), MAXIV)
+  burst = math.max(1, math.floor(burst * share))
+  eff = interval
+  -- The share grows back as those away come back: slots are handed out
+  -- no further ahead than a short horizon, so that waiting requests get
+  -- the whole pace when it comes.
+  horizon = LHORIZON
 end
 local far = math.max(AHEADFLOOR, AHEADSLOTS * interval)
 if horizon == 0 then horizon = far end
@@ -354,6 +627,31 @@ set('t', tat)
 add('gs', 'gc', 'gp', 1)
 return answer(0, wait, tat)
 `)
+
+// leaveLua gives back the claim of process ARGV[1] on a host it no longer
+// wants, unless the process renewed it since it last set deadline ARGV[2]
+// (a call crossed the goodbye). It returns {1} when it gave it back, else
+// {0, deadline}, the deadline the claim holds (-1: none).
+var leaveLua = preludeLua + claimsLua + `
+local me = 'a:' .. ARGV[1]
+local d = claim(redis.call('HGET', key, me))
+if not d then return {0, -1} end
+if d ~= tonumber(ARGV[2]) then return {0, d} end
+redis.call('HDEL', key, me)
+local _, ts = recount(nil, nil, nil)
+if S.n then set('ts', ts) end
+save()
+return {1}
+`
+
+// epochCheckLua reads the epoch of the server whose marker is KEYS[1],
+// for a process that made no other call to it lately: ARGV[1] the epoch
+// it knew (empty: none), ARGV[2] the window to open if it changed. It
+// returns {epoch, rec, now}.
+var epochCheckLua = clockLua + epochLua + `
+local e, rec = epochOf(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]) or 0)
+return {e, rec, now}
+`
 
 // learnLua records what an answer from a host says of its capacity, as
 // the core's localLimiter.Learn does, in the host's hash where every
@@ -506,6 +804,8 @@ var (
 	parkScript    = redis.NewScript(parkLua)
 	cancelScript  = redis.NewScript(cancelLua)
 	learnScript   = redis.NewScript(learnLua)
+	leaveScript   = redis.NewScript(leaveLua)
+	epochScript   = redis.NewScript(epochCheckLua)
 )
 
 // Script results, the first element of reserveScript's answer.
@@ -515,4 +815,6 @@ const (
 	codeParked   = 2
 	codeAskAgain = 3
 	codeLane     = 4
+	codeStale    = 5
+	codeProbed   = 6
 )
