@@ -198,7 +198,10 @@ type HostDownError struct {
 // Error names the host, since when it failed, how, and when it is tried
 // next.
 func (e *HostDownError) Error() string {
-	s := fmt.Sprintf("retryhttp: host %s down since %s", e.Host, e.Since.UTC().Format(time.RFC3339Nano))
+	s := "retryhttp: host " + e.Host + " down"
+	if !e.Since.IsZero() {
+		s += " since " + e.Since.UTC().Format(time.RFC3339Nano)
+	}
 	if e.Last != "" {
 		s += " (" + e.Last + ")"
 	}
@@ -250,6 +253,12 @@ type Signal struct {
 	// KeepLatency asks the Limiter to keep the host's answer latencies,
 	// for Reservation.Latency: the Transport learns its hedge delay.
 	KeepLatency bool
+	// Down is set, for a Limiter given with WithLimiter, when the
+	// Transport's own host model holds the host down after this answer:
+	// a Limiter that shares it (redislimit does) hands the host back to
+	// every process, but for one probe at a time, until an answer gets
+	// through. An answer told with Down nil that got through clears it.
+	Down *HostDownError
 }
 
 // outcome is what an answer says of its host, for the model.
@@ -786,6 +795,13 @@ func (m *hostModel) recover(l *localLimiter, host string, now time.Time) {
 	m.down = outage{}
 	m.streak = 0
 	m.ctl = control{step: probeStep}
+	if r == 0 && was.rate == 0 && was.limit == 0 {
+		// Nothing is known of what it takes: it never served, nor was
+		// asked anything meanwhile. It is not held back on a guess.
+		m.setState(HostFailing, now)
+		l.log(host, "retryhttp: host back", paceAttr("pace", 0))
+		return
+	}
 	if was.rate > 0 || was.limit > 0 {
 		m.ctl.rate, m.ctl.limit, m.ctl.ceil = was.rate, was.limit, was.ceil
 	} else {
@@ -974,7 +990,14 @@ func (m *hostModel) adjust(l *localLimiter, host string, now time.Time) {
 	if c.rate == 0 && c.limit == 0 {
 		return
 	}
-	if now.Before(c.holdUntil) || now.Sub(c.grownAt) < holdTime {
+	every := holdTime
+	if m.state == HostRecovering && c.ceil == 0 && c.limit == 0 {
+		// Back, and nothing refused since: the pace doubles every horizon
+		// while it binds (slow start), so that a host whose old rate was
+		// little known is served at what it takes within a second or two.
+		every = horizon
+	}
+	if now.Before(c.holdUntil) || now.Sub(c.grownAt) < every {
 		if now.Sub(c.busyAt) < holdTime && !c.cutAt.IsZero() && !c.busyAt.Before(c.cutAt) {
 			c.cutBound = true
 		}

@@ -129,8 +129,12 @@ func newConfig(opts []Option) config {
 	if c.clock == nil {
 		c.clock = realClock{}
 	}
-	if c.limiter == nil {
+	switch c.limiter.(type) {
+	case nil:
 		c.limiter = newLocalLimiter(c.clock)
+	case *localLimiter, *sharedLimiter:
+	default:
+		c.limiter = &sharedLimiter{local: newLocalLimiter(c.clock), shared: c.limiter}
 	}
 	if !c.budgetSet {
 		c.budget = NewBudget(0.1, 1)
@@ -245,10 +249,13 @@ func WithHostPace(host string, r rate.Limit, burst int) Option {
 	}
 }
 
-// WithLimiter replaces the in-process pacer, which paces and parks hosts
-// inside this Transport only, with l: for example a redislimit.Limiter that
-// shares both across processes through Redis. The pace settings stay in
-// WithPace and WithHostPace; l enforces them. nil means the in-process pacer.
+// WithLimiter shares pacing and parking through l, for example a
+// redislimit.Limiter that shares them across processes through Redis. The
+// pace settings stay in WithPace and WithHostPace; l enforces them, holds
+// the parkings, and may learn a host's pace for all. The host model (each
+// host's state: a down host handed back at once, a limit in flight, a
+// learned pace) still runs in the process beside it, and a request goes
+// when both let it. nil means the in-process limiter alone.
 func WithLimiter(l Limiter) Option {
 	return func(c *config) { c.limiter = l }
 }

@@ -50,11 +50,14 @@ func New(opts ...Option) *Transport {
 	default:
 		t.markNested = true
 	}
-	if l, ok := t.limiter.(*localLimiter); ok {
+	switch l := t.limiter.(type) {
+	case *localLimiter:
 		l.logger = t.logger // made by newConfig for this Transport alone
 		if t.pace.Unlimited() && len(t.hostPace) == 0 {
 			t.free = l
 		}
+	case *sharedLimiter:
+		l.local.logger = t.logger
 	}
 	return t
 }

@@ -3,6 +3,7 @@ package redislimit
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"strconv"
 	"time"
 
@@ -52,8 +53,15 @@ func (l *Limiter) learnPace(ctx context.Context, host string, sig retryhttp.Sign
 	}
 	// What a host said of its capacity matters to every process: it is
 	// recorded even if the request that heard it is cancelled.
+	down := ""
+	switch {
+	case sig.Down != nil:
+		down = "d"
+	case !sig.Failed && !sig.Refused && sig.Status > 0 && sig.Status != http.StatusBadGateway && sig.Status != http.StatusGatewayTimeout:
+		down = "u" // an answer got through: a host marked down is not
+	}
 	res, err := l.run(context.WithoutCancel(ctx), srv, learnScript, []string{l.prefix + host}, mode, refused, sig.Status,
-		us(max(sig.Wait, 0)), max(sig.Limit, 0), us(max(sig.Window, 0)), reset, sig.Remaining, sent)
+		us(max(sig.Wait, 0)), max(sig.Limit, 0), us(max(sig.Window, 0)), reset, sig.Remaining, sent, down)
 	if err == nil && len(res) < 2 {
 		err = fmt.Errorf("redislimit: unexpected answer from the learn script: %v", res)
 	}

@@ -510,6 +510,10 @@ func (l *Limiter) reservation(srv *server, a retryhttp.Attempt, res []int64, ela
 		return retryhttp.Reservation{Delay: elapsed + d}
 	case codeAskAgain:
 		return retryhttp.Reservation{AskAgain: at.Add(d)}
+	case codeDown:
+		// Another process's model holds the host down, and has its probe.
+		return retryhttp.Reservation{Down: &retryhttp.HostDownError{Host: a.Host, Last: "found down by another process",
+			Retry: at.Add(min(d, probeEvery))}}
 	case codeLane:
 		// Processes are coming back from an outage: each paces its share
 		// in process a little longer, so that those not back yet and

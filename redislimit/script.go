@@ -29,6 +29,11 @@ import (
 //	     then (see reserveLua)
 //	r, an, q, ra, st, rf, hu, nr, bc, gr, b, lr, fs, fc, fp, w, sd, ua
 //	     the learned pace and what it was learned from: see learnLua
+//	dn, dp
+//	     the moment until which the host is down for every process (a
+//	     process's host model found it down, and tells it again with each
+//	     failed probe), and the next probe's: one probe every probeEvery
+//	     among all the processes (see reserveLua and learnLua)
 //
 // Beside the hosts, each server holds one marker, prefix + "\x00epoch"
 // (not with a Cluster, where a script reaches one slot only): when its
@@ -58,6 +63,15 @@ import (
 // learn.go, which keeps them unexported: the shared learner follows the
 // same rules.
 const (
+	// downMark is how long a host a process's model found down stays down
+	// for every process without word from it: that process probes it
+	// every probeEvery and tells of each probe that fails, so a mark that
+	// nobody renews (the host back, or its process gone) lapses within
+	// two seconds.
+	downMark = 2 * time.Second
+	// probeEvery is the core's: one probe of a down host every half
+	// second, among all the processes.
+	probeEvery = 500 * time.Millisecond
 	// awayFor is how long a claim outlives its deadline: a process that
 	// stopped calling may be cut off from Redis and pacing its share in
 	// process, so its share is kept for it this long. A process that
@@ -132,6 +146,8 @@ var preludeLua = clockLua + strings.NewReplacer(
 	"HOLD", fmt.Sprint(us(learnHold)),
 	"LTTL", fmt.Sprint(us(learnTTL)),
 	"MAXRATE", fmt.Sprint(learnMaxRate),
+	"DOWNMARK", fmt.Sprint(us(downMark)),
+	"PROBE", fmt.Sprint(us(probeEvery)),
 ).Replace(`
 local key = KEYS[1]
 local S, dirty = {}, {}
@@ -145,7 +161,7 @@ local function load(F)
 end
 -- The fields of what was learned are read only for a host that learned
 -- something (st set): a host that never refused costs one short read.
-load({'t','p','st','rt','gs','gc','gp','hb','n','ks','kt','ts'})
+load({'t','p','st','rt','gs','gc','gp','hb','n','ks','kt','ts','dn','dp'})
 if S.st then load({'r','an','q','ra','rf','hu','nr','bc','gr','b','lr','fs','fc','fp','w','sd','ua'}) end
 local function set(f, x) S[f] = x; dirty[f] = true end
 local LEARN = {'r','an','q','ra','st','rf','hu','nr','bc','gr','b','lr','fs','fc','fp','w','sd','ua'}
@@ -156,6 +172,8 @@ end
 -- the past that lie ahead (a failover to a node whose clock is behind),
 -- a parking beyond the longest there is, rates out of range.
 if S.p and S.p > now + MAXPARK then set('p', nil) end
+if S.dn and S.dn > now + DOWNMARK + 1000000 then set('dn', nil) end
+if S.dp and S.dp > now + PROBE + 1000000 then set('dp', nil) end
 if S.rt and S.rt > now + 60000000 then set('rt', nil) end
 if (S.gs and S.gs > now + 1000000) or (S.gc and S.gc < 0) or (S.gp and S.gp < 0) then
   set('gs', nil); set('gc', nil); set('gp', nil)
@@ -194,6 +212,7 @@ local function save()
   local last = now
   if S.t and S.t > last then last = S.t end
   if S.p and S.p > last then last = S.p end
+  if S.dn and S.dn > last then last = S.dn end
   if S.hb and S.hb + AWAY > last then last = S.hb + AWAY end
   -- A lane held stays a while as a sign of it, that no process waiting
   -- opens another as it ends.
@@ -396,7 +415,9 @@ end
 // caller had no share to pace); 4 when processes are coming back from a
 // loss of their claims and the caller paces its share in process for wait
 // more microseconds; 5 when the call came past its bound, and did nothing;
-// 6 when a probe was answered (nothing taken).
+// 6 when a probe was answered (nothing taken); 7 when the host is down
+// for wait more microseconds and another process has the probe (nothing
+// taken).
 // lead is how far ahead the bucket is (t - now), n the claims counted (0
 // when the call did not look at them),
 // rank the caller's place among them when it recounted (else -1), rate
@@ -416,6 +437,7 @@ var reserveLua = preludeLua + learnCommonLua + claimsLua + epochLua + strings.Ne
 	"NEAR", fmt.Sprint(learnNear),
 	"MAXIV", fmt.Sprint(us(maxInterval)),
 	"AWAY", fmt.Sprint(us(awayFor)),
+	"PROBE", fmt.Sprint(us(probeEvery)),
 ).Replace(`
 local ci, cb = tonumber(ARGV[1]), tonumber(ARGV[2])
 local bound, ahead = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -447,6 +469,12 @@ if by and now > by then return {5, 0, 0, 0, 0, -1, 0, 0, 0, -2, 0, now, 0} end
 if KEYS[2] then epoch, rec = epochOf(KEYS[2], known, win) end
 if S.p and S.p > now then return answer(2, S.p - now) end
 if mode == 'c' then return answer(0, 0) end
+-- A host some process holds down is handed back to every process, but for
+-- one probe every PROBE among them all, until an answer gets through.
+if mode == '' and S.dn and S.dn > now then
+  if S.dp and S.dp > now then return answer(7, S.dn - now) end
+  set('dp', now + PROBE)
+end
 -- A key new to the scripts just after a loss of Redis's data may be one
 -- that was lost: its parking is being put back by those that hold it.
 if rec > now and not (S.t or S.p or S.n or S.hb or S.st) and not (ahead and ahead > 0) and not knew then
@@ -667,6 +695,9 @@ return {e, rec, now}
 //	ARGV[8]  what remains of the quota; -1: not said
 //	ARGV[9]  what the process sent in the last second, to every host, with
 //	         its first refusal from the host; else 0
+//	ARGV[10] "d" when the process's host model holds the host down (dn:
+//	         down for every process until DOWNMARK from now); "u" when an
+//	         answer got through after it was (dn cleared); else empty
 //
 // It returns {rate, burst}, rate in millionths a second, 0 for none.
 //
@@ -684,11 +715,19 @@ var learnLua = preludeLua + learnCommonLua + strings.NewReplacer(
 	"BETA", fmt.Sprint(learnBeta),
 	"STEP", fmt.Sprint(learnStep),
 	"HOLD", fmt.Sprint(us(learnHold)),
+	"DOWNMARK", fmt.Sprint(us(downMark)),
 ).Replace(`
 local function result()
   save()
   local _, lb = learned()
   return {math.floor((S.r or 0) * 1000000), lb}
+end
+-- A process's own host model holds the host down (d), or an answer got
+-- through after it was (u).
+if ARGV[10] == 'd' then
+  set('dn', now + DOWNMARK)
+elseif ARGV[10] == 'u' and S.dn then
+  set('dn', nil); set('dp', nil)
 end
 if ARGV[1] ~= 'l' then return result() end
 local refused, status, waitus = ARGV[2] == '1', tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -817,4 +856,5 @@ const (
 	codeLane     = 4
 	codeStale    = 5
 	codeProbed   = 6
+	codeDown     = 7
 )
