@@ -97,6 +97,13 @@ const (
 	// exponentially weighted mean): enough to read 80% within a tenth,
 	// few enough that a host which got better is seen to within seconds.
 	failMemory = 50
+	// freshShare is the share of failures taken for a host that gave too
+	// few answers to know its own, when its first answers fail: a quarter,
+	// so that a host answering 503 to everything from its first request is
+	// down after a run of 10 (one that refused every connection, after
+	// downFailures), and one failing 80% at random from its first is taken
+	// for down one time in eight, until its next probe gets through.
+	freshShare = 0.25
 	// probeEvery is how often a down host is tried: its return is seen
 	// within half a second, and a dead address costs two connection
 	// attempts a second whatever the callers ask.
@@ -348,6 +355,7 @@ type hostModel struct {
 	ctlBefore   control // how it was held before the run
 	failShare   float64 // the share of its answers that failed, over about failMemory
 	tallied     int     // answers in failShare, up to failMemory
+	knownBefore int     // tallied before the run
 	shareBefore float64 // failShare before the run
 
 	ctl  control
@@ -724,7 +732,7 @@ func (m *hostModel) failure(sig *Signal, overlapped bool) {
 		}
 		// What the run does to the pace is not what the host took: the
 		// run may be an outage's first seconds, taken for overload.
-		m.shareBefore, m.ctlBefore = m.failShare, m.ctl
+		m.shareBefore, m.knownBefore, m.ctlBefore = m.failShare, m.tallied, m.ctl
 	}
 	m.streak++
 	m.reachable = m.reachable || !sig.Unreachable
@@ -750,6 +758,12 @@ func (m *hostModel) falls(now time.Time) bool {
 // run its share of failures before the run makes unlikely.
 func (m *hostModel) runNeeded() int {
 	f := m.shareBefore
+	if m.knownBefore < downFailures && m.reachable {
+		// Too few answers before the run to know its share: failures that
+		// had a connection may be a flaky host's first. Connections refused
+		// from the first are a dead address.
+		f = freshShare
+	}
 	if f <= 0 {
 		return downFailures
 	}

@@ -245,7 +245,9 @@ func TestHostModelRandomFailures(t *testing.T) {
 }
 
 // randomHost answers a share p of its requests 503 at once, at random; the
-// others after 20 ms.
+// others after 20 ms. Its first 30 requests are served: a host that
+// became flaky (one failing 80% from its very first answer is, as far as
+// any client can tell, down, one time in eight: see freshShare).
 type randomHost struct {
 	mu       sync.Mutex
 	rnd      *rand.Rand
@@ -254,9 +256,9 @@ type randomHost struct {
 }
 
 func (h *randomHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	h.requests.Add(1)
+	n := h.requests.Add(1)
 	h.mu.Lock()
-	fail := h.rnd.Float64() < h.p
+	fail := h.rnd.Float64() < h.p && n > 30
 	h.mu.Unlock()
 	if fail {
 		w.WriteHeader(http.StatusServiceUnavailable)
