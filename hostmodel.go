@@ -422,6 +422,14 @@ func (m *hostModel) admitDown(host string, now time.Time) Reservation {
 // it goes (a sliding window, a token bucket): it is held to what remains
 // and refilled at limit per window; any other is held to what remains
 // until its reset, then grants limit again.
+//
+// A reset does not say which kind the window is: a fixed one is whole
+// again, a sliding count still counts most of the window before (and
+// refuses a burst at its reset, often with a Retry-After of a whole
+// window). Until the first answer after a reset tells, the window grants
+// one attempt a slack after the reset, then its average rate (probing): a
+// fixed one costs a round trip, once, and a sliding one is never sent the
+// burst it refuses.
 type quota struct {
 	limit     int
 	window    time.Duration // said (RateLimit-Policy's w), or the longest reset seen
@@ -432,6 +440,14 @@ type quota struct {
 	rolled    bool          // a reset passed since the announcement: since counts from it
 	since     int           // attempts sent since that reset
 	sliding   bool
+	fixed     bool      // whole again after a reset: it grants its limit at once
+	probing   bool      // a reset passed, and no answer since told its kind
+	named     time.Time // the last moment a refusal named: the host asked to be asked then
+	counts    bool      // it slides, with a reset that stays put: a count of the window before, not a bucket
+	// When the window is first seen to slide, what it said remains: the
+	// pace's burst is charged with what the window still counts, once.
+	syncAt   time.Time
+	syncLeft int
 }
 
 func (q *quota) active() bool { return q.limit > 0 }
@@ -444,21 +460,47 @@ func (q *quota) perSecond() float64 {
 	return float64(q.limit) / q.window.Seconds()
 }
 
+// paceRate is the rate a host is paced at by its quota: perSecond, but
+// one fewer a window for a sliding count (a window that slides while its
+// reset stays put: the last window's count weighted, plus this one's) of
+// more than resetSlack. Such a count rounds, and refuses at its limit
+// whenever the pace's phase falls early in its window, for the rest of
+// the window or the whole of it (httprate names its window as the
+// Retry-After): one attempt in limit is the price of never losing more
+// than a second. A token bucket (its reset moves) takes its rate.
+func (q *quota) paceRate() float64 {
+	if q.counts && q.window > resetSlack && q.limit > 1 {
+		return float64(q.limit-1) / q.window.Seconds()
+	}
+	return q.perSecond()
+}
+
 // tokens is how many attempts the quota lets go at now.
 func (q *quota) tokens(now time.Time) float64 {
 	if !q.resetAt.IsZero() && !now.Before(q.resetAt) {
 		q.roll(now)
 	}
 	t := float64(q.remaining)
-	if q.sliding {
+	switch {
+	case q.sliding:
 		t = min(float64(q.limit), t+now.Sub(q.at).Seconds()*q.perSecond())
+	case q.probing:
+		// One at the reset, then the average rate.
+		t = 0
+		if since := now.Sub(q.at.Add(q.slack())); since >= 0 {
+			t = min(float64(q.remaining), 1+math.Floor(since.Seconds()*q.perSecond()+tokenSlack))
+		}
 	}
 	return t - float64(q.taken)
 }
 
 // roll starts the window after the reset: whole again.
 func (q *quota) roll(now time.Time) {
-	q.remaining, q.taken, q.at, q.since, q.rolled = q.limit, 0, q.resetAt, 0, true
+	if !q.probing {
+		q.at = q.resetAt // a window still untold keeps its grants from the first reset
+	}
+	q.remaining, q.taken, q.since, q.rolled = q.limit, 0, 0, true
+	q.probing = !q.fixed && !q.sliding && q.limit > 1 && q.perSecond() > 0
 	switch {
 	case q.window <= 0:
 		q.resetAt = time.Time{}
@@ -467,6 +509,29 @@ func (q *quota) roll(now time.Time) {
 		n := now.Sub(q.resetAt)/q.window + 1
 		q.resetAt = q.resetAt.Add(n * q.window)
 	}
+}
+
+// resetSlack is how late a reset may come after the moment said: headers
+// say it in whole seconds, and a Unix time is truncated to one.
+const resetSlack = time.Second
+
+// slack is how long after the reset said the first grant of a window of
+// unknown kind waits: none when the host itself named a moment at or
+// after it (a Retry-After, a reset it said to wait for), as it asked to
+// be asked then; resetSlack for a window longer than that, whose reset,
+// said in whole seconds, may come up to a second late, and where an
+// attempt a moment early can be refused for the whole window (httprate
+// names its window as every refusal's Retry-After); an interval for a
+// shorter one, as a sliding count refuses at its reset what it counted of
+// the window before.
+func (q *quota) slack() time.Duration {
+	switch {
+	case !q.named.Before(q.at):
+		return 0
+	case q.window > resetSlack:
+		return resetSlack
+	}
+	return time.Duration(float64(time.Second) / q.perSecond())
 }
 
 // tokenSlack absorbs the rounding of a quota's refill, so that a token all
@@ -484,6 +549,15 @@ func (q *quota) nextToken(now time.Time) time.Time {
 			return q.resetAt
 		}
 		return at
+	}
+	if q.probing {
+		// The next grant at the average rate from the reset, unless the
+		// window's kind is told before it.
+		wait := time.Duration(float64(q.taken) / q.perSecond() * float64(time.Second))
+		if at := q.at.Add(q.slack() + wait); at.After(now) {
+			return at
+		}
+		return now.Add(time.Microsecond)
 	}
 	return q.resetAt
 }
@@ -517,14 +591,24 @@ func (m *hostModel) quotaWait(now time.Time) (time.Time, bool) {
 func (m *hostModel) learnQuota(l *localLimiter, host string, sig *Signal) {
 	q, now := &m.q, sig.Now
 	window := sig.Window
-	if window <= 0 && sig.Reset > 0 {
-		window = max(q.window, sig.Reset.Round(time.Second), time.Second)
+	if window <= 0 {
+		// Not said: the longest reset seen (an answer at its reset says
+		// nothing of the window).
+		if sig.Limit == q.limit {
+			window = q.window
+		}
+		if sig.Reset > 0 {
+			window = max(window, sig.Reset.Round(time.Second), time.Second)
+		}
 	}
 	if q.limit != sig.Limit || (sig.Window > 0 && q.window != sig.Window) {
 		*q = quota{} // a new announcement replaces the old
 		l.log(host, "retryhttp: quota", slog.Int("limit", sig.Limit), slog.String("window", window.String()))
 	}
 	q.limit, q.window = sig.Limit, window
+	if sig.Refused && sig.Wait > 0 {
+		q.named = now.Add(sig.Wait)
+	}
 	if !q.resetAt.IsZero() && !now.Before(q.resetAt) {
 		q.roll(now) // the answer is of the window after the reset
 	}
@@ -538,17 +622,24 @@ func (m *hostModel) learnQuota(l *localLimiter, host string, sig *Signal) {
 		case q.resetAt.IsZero() || !now.Before(q.resetAt):
 			q.resetAt = resetAt
 		case absDuration(resetAt.Sub(q.resetAt)) > time.Second:
-			q.sliding = true // the moment moved within the window
+			q.sliding, q.counts = true, false // the moment moved within the window: a bucket
 			q.resetAt = resetAt
-		case resetAt.Before(q.resetAt):
+		case resetAt.Before(q.resetAt) && sig.Reset > 0:
 			// Said in whole seconds, counted from a Date in whole
 			// seconds, the moment comes late by up to a second: the
-			// earliest said is the nearest.
+			// earliest said is the nearest. A reset of 0 s says only
+			// that it falls within the second, not that it is now.
 			q.resetAt = resetAt
 		}
 	}
-	if sig.Remaining >= 0 && q.rolled && sig.Remaining < q.limit-q.since {
-		q.sliding = true // not whole after its reset: it counts the window before
+	if sig.Remaining >= 0 && q.rolled {
+		// Not whole after its reset: it counts the window before.
+		if !q.sliding && sig.Remaining < q.limit-q.since {
+			q.sliding, q.counts = true, true
+			q.syncAt, q.syncLeft = now, max(sig.Remaining-m.inflight, 0)
+		}
+		q.fixed = !q.sliding
+		q.probing = false
 	}
 	if sig.Remaining >= 0 {
 		// What was in flight when the host counted is taken from it too.
@@ -868,6 +959,13 @@ func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked 
 	sent := m.sentLastSecond(sig)
 	accepted := max(sent-m.refusals.lastSecond(now), m.accepts.lastSecond(now), 0)
 	if sig.Wait > 0 {
+		if m.accepts.lastSecond(now) == 0 && m.refusals.lastSecond(now) <= 1 {
+			// The one answer in a second, a refusal with a wait named:
+			// the host is spent for that wait (it is parked) by what it
+			// was sent before the quiet; it says nothing of its rate.
+			m.lastLoad = lastLoad
+			return
+		}
 		accepted = max(accepted, 1/sig.Wait.Seconds())
 	}
 	if m.state != HostOverloaded && m.state != HostRecovering {
@@ -895,8 +993,12 @@ func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked 
 		c.ceil, c.holdUntil, c.grownAt, c.nearAt = float64(c.limit+1), now.Add(holdTime), now, now
 		return
 	case now.Before(c.holdUntil):
+		if c.burstCut && m.fresh(now) {
+			// Each refusal of the burst says more of what the host took
+			// of it: the refusal the pace may grow back to.
+			c.ceil = min(c.ceil, max(accepted, 1))
+		}
 		if c.burstCut && m.fresh(now) && c.rate > 0 && cutShare*accepted < c.rate {
-			c.ceil = min(c.ceil, accepted)
 			c.guess = min(c.guess, int(math.Round(accepted)))
 			if c.guess == 0 && overlapped {
 				// The cut came with the burst's first refusal, before
@@ -1164,7 +1266,7 @@ func (m *hostModel) grow(l *localLimiter, host string, now time.Time) {
 		c.step = min(3*c.step, 1)
 	}
 	if m.q.active() {
-		if r := m.q.perSecond(); r > 0 {
+		if r := m.q.paceRate(); r > 0 {
 			next = min(next, r)
 		}
 	}
@@ -1176,7 +1278,7 @@ func (m *hostModel) pace() Pace {
 	if m.ctl.rate > 0 {
 		return newPace(rate.Limit(m.ctl.rate), max(m.ctl.burst, 1))
 	}
-	if r := m.q.perSecond(); r > 0 {
+	if r := m.q.paceRate(); r > 0 {
 		// The rate the host announces, a window's quota at once: what
 		// remains of it is held apart (quotaWait).
 		return newPace(rate.Limit(r), m.q.limit)
@@ -1456,4 +1558,22 @@ func (m *hostModel) tookQuota() {
 			m.q.since++
 		}
 	}
+}
+
+// syncQuota charges the pace's burst, once, with what a window just seen
+// to slide still counts: a client that waited for a reset has its whole
+// burst in hand, which the window would refuse. Only when the quota is
+// what paces the host.
+func (m *hostModel) syncQuota(st *hostState, pace Pace) {
+	q := &m.q
+	if q.syncAt.IsZero() {
+		return
+	}
+	if m.ctl.rate == 0 && pace == m.pace() {
+		floor := q.syncAt.Add(time.Duration(max(pace.Burst-q.syncLeft, 0)) * pace.interval())
+		if st.tat.Before(floor) {
+			st.tat = floor
+		}
+	}
+	q.syncAt = time.Time{}
 }

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -310,4 +311,163 @@ func TestLearnNoSpuriousHostPaused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// windowHost counts a quota of limit per window the way the middlewares
+// of bench/ do, with its windows starting when it starts (not on a whole
+// second) and its reset said as a Unix time truncated to the second, as
+// X-RateLimit-Reset is:
+//
+//   - sliding: a sliding-window counter (go-chi/httprate's kind): the last
+//     window's count weighted by what is left of it, plus this one's,
+//     rounded; a refusal names the whole window as its Retry-After.
+//   - fixed, aligned: a window on its own grid, whole again at its end.
+//   - fixed, from the first request (ulule/limiter's kind): a window opens
+//     with the first request after the last one closed, and refusals
+//     count too; a refusal names no wait.
+type windowHost struct {
+	kind    string
+	limit   int
+	window  time.Duration
+	start   time.Time
+	mu      sync.Mutex
+	opened  time.Time // the current window's start
+	count   int       // requests counted in it
+	prev    int       // counted in the window before (sliding)
+	hits    int
+	refused []time.Duration // since start
+}
+
+func (h *windowHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	h.mu.Lock()
+	h.hits++
+	if h.opened.IsZero() {
+		h.opened = h.start
+	}
+	for h.kind != "first request" && !now.Before(h.opened.Add(h.window)) {
+		h.opened, h.prev, h.count = h.opened.Add(h.window), h.count, 0
+		if now.Sub(h.opened) >= h.window {
+			h.prev = 0
+		}
+	}
+	if h.kind == "first request" && !now.Before(h.opened.Add(h.window)) {
+		h.opened, h.count = now, 0
+	}
+	used := float64(h.count)
+	if h.kind == "sliding" {
+		left := float64(h.window-now.Sub(h.opened)) / float64(h.window)
+		used = math.Round(float64(h.prev)*left + float64(h.count))
+	}
+	refuse := int(used)+1 > h.limit
+	if !refuse || h.kind == "first request" {
+		h.count++
+	}
+	remaining := max(h.limit-int(used)-1, 0)
+	reset := h.opened.Add(h.window).Unix()
+	if refuse {
+		h.refused = append(h.refused, now.Sub(h.start))
+	}
+	h.mu.Unlock()
+	w.Header().Set("X-RateLimit-Limit", strconv.Itoa(h.limit))
+	w.Header().Set("X-RateLimit-Remaining", strconv.Itoa(remaining))
+	w.Header().Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
+	if refuse {
+		if h.kind == "sliding" {
+			w.Header().Set("Retry-After", strconv.Itoa(int(h.window.Seconds())))
+		}
+		w.WriteHeader(http.StatusTooManyRequests)
+		return
+	}
+	w.Write([]byte("ok"))
+}
+
+// A sequential client on a quota's window of each kind: the first reset
+// does not say the kind, so the first grant after it is one attempt, late
+// enough for the reset said in whole seconds to have come, and its answer
+// tells a window whole again (fixed: the rest at once) from one that
+// still counts the last (sliding: its rate, never the burst it refuses
+// for a whole window). A window that opens with the first request opens
+// with that grant, an interval after the reset: the next reset, counted on
+// the old grid, comes that much early, once refused.
+func TestLearnWindowKinds(t *testing.T) {
+	for _, tc := range []struct {
+		kind        string
+		limit       int
+		window      time.Duration
+		pages       int
+		most        time.Duration // to fetch them all
+		mostRefused int
+	}{
+		// 20 at once, then 4 a second from the first reset: 5 + 1 + 30/4 s.
+		{"sliding", 20, 5 * time.Second, 50, 14 * time.Second, 0},
+		// 20 at once in each window: the third window's 10 start at 10 s.
+		{"fixed", 20, 5 * time.Second, 50, 12 * time.Second, 0},
+		// 10 a window of a second, opened by the first request: 4 windows,
+		// and one refused at the grid's reset (no wait named: it is
+		// asked again at the reset the refusal names).
+		{"first request", 10, time.Second, 40, 5500 * time.Millisecond, 1},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				time.Sleep(437 * time.Millisecond) // the host's windows start within a second
+				host := &windowHost{kind: tc.kind, limit: tc.limit, window: tc.window, start: time.Now()}
+				net := newPipeNet(host)
+				defer net.close()
+				tr := New(WithBase(net.tr))
+				start := time.Now()
+				for page := range tc.pages {
+					if code, _ := get(t, tr, fmt.Sprintf("http://window.test/?page=%d", page)); code != 200 {
+						t.Fatalf("page %d: %d", page, code)
+					}
+				}
+				took := time.Since(start)
+				if took > tc.most || len(host.refused) > tc.mostRefused {
+					t.Errorf("%d pages in %v, %d requests, refused at %v; want within %v, at most %d refused",
+						tc.pages, took, host.hits, host.refused, tc.most, tc.mostRefused)
+				}
+			})
+		})
+	}
+}
+
+// A lone request refused with a wait named, after a quiet second, is the
+// host spent for that wait by what came before: it is parked and retried
+// after it, and no pace is learned from it (one attempt in a second says
+// nothing of a rate). The host's next burst goes unpaced.
+func TestLearnLoneRefusalNoCut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var hits atomic.Int32
+		host := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if hits.Add(1) == 6 {
+				w.Header().Set("Retry-After", "1")
+				w.WriteHeader(http.StatusTooManyRequests)
+				return
+			}
+			w.Write([]byte("ok"))
+		})
+		net := newPipeNet(host)
+		defer net.close()
+		tr := New(WithBase(net.tr))
+		for range 5 {
+			get(t, tr, "http://lone.test/")
+		}
+		time.Sleep(2 * time.Second)
+		start := time.Now()
+		if code, _ := get(t, tr, "http://lone.test/"); code != 200 || time.Since(start) != time.Second {
+			t.Fatalf("the refused request: %d after %v, want 200 after the 1 s named", code, time.Since(start))
+		}
+		if p, err := tr.HostPace(context.Background(), "lone.test"); err != nil || !p.Unlimited() {
+			t.Errorf("HostPace after a lone refusal = %+v, %v; want unlimited", p, err)
+		}
+		start = time.Now()
+		var wg sync.WaitGroup
+		for range 20 {
+			wg.Go(func() { get(t, tr, "http://lone.test/") })
+		}
+		wg.Wait()
+		if took := time.Since(start); took > 0 {
+			t.Errorf("20 requests after it took %v, want none held back", took)
+		}
+	})
 }

@@ -258,6 +258,7 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 	if st.tat.Before(m.ctl.notBefore) {
 		st.tat = m.ctl.notBefore
 	}
+	m.syncQuota(st, pace)
 	res := s.reserve(st, a, pace, horizonFor(pace, a.Pace))
 	if res.Delay > 0 && pace != a.Pace {
 		m.ctl.busyAt = a.Now // a request waits for the learned pace: it binds
