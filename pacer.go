@@ -412,6 +412,17 @@ func (l *localLimiter) Park(_ context.Context, host string, until time.Time) err
 	}
 }
 
+// probeBy brings a down host's next probe forward to at, when it is
+// later: another process had the probe this one was given.
+func (l *localLimiter) probeBy(host string, at time.Time) {
+	s := &l.shards[shardOf(host)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st := s.hosts[host]; st != nil && st.model != nil && st.model.state == HostDown && at.Before(st.model.down.next) {
+		st.model.down.next = at
+	}
+}
+
 // add makes a host's entry, first dropping idle hosts when the shard has
 // grown: a host whose bucket is full again, whose parking is over and whose
 // learned capacity has expired is indistinguishable from a new one, so

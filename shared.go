@@ -48,6 +48,10 @@ func (s *sharedLimiter) Reserve(ctx context.Context, a Attempt) (Reservation, er
 		s.giveBack(ctx, a, r) // the model's slot goes unused
 		if sr.Down != nil {
 			s.remember(a.Host, a.Now)
+			// Another process has the probe: this one asks again
+			// soon, so that the answer which clears the host for all
+			// brings it back here too, not a probe interval later.
+			s.local.probeBy(a.Host, a.Now.Add(probeEvery/10))
 		}
 		return sr, err
 	}

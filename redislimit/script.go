@@ -470,14 +470,18 @@ if KEYS[2] then epoch, rec = epochOf(KEYS[2], known, win) end
 if S.p and S.p > now then return answer(2, S.p - now) end
 if mode == 'c' then return answer(0, 0) end
 -- A host some process holds down is handed back to every process, but for
--- one probe every PROBE among them all, until an answer gets through.
+-- one probe every PROBE among them all, until an answer gets through. A
+-- probe due within a tenth of PROBE goes: the process whose probe set the
+-- moment asks again a PROBE later by its own clock, and a call that
+-- reaches Redis sooner than the last did would find it a moment early,
+-- and lose its turn to a process that already lost its own.
 if mode == '' and S.dn and S.dn > now then
-  if S.dp and S.dp > now then return answer(7, S.dn - now) end
+  if S.dp and S.dp - now > PROBE / 10 then return answer(7, S.dn - now) end
   set('dp', now + PROBE)
 end
 -- A key new to the scripts just after a loss of Redis's data may be one
 -- that was lost: its parking is being put back by those that hold it.
-if rec > now and not (S.t or S.p or S.n or S.hb or S.st) and not (ahead and ahead > 0) and not knew then
+if rec > now and not (S.t or S.p or S.n or S.hb or S.st or S.dn) and not (ahead and ahead > 0) and not knew then
   return answer(3, rec - now)
 end
 -- The learned pace grows while requests queue for it, and is dropped when
