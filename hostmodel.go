@@ -442,7 +442,7 @@ type quota struct {
 	sliding   bool
 	fixed     bool      // whole again after a reset: it grants its limit at once
 	probing   bool      // a reset passed, and no answer since told its kind
-	named     time.Time // the last moment a refusal named: the host asked to be asked then
+	named     time.Time // the moment the last refusal named as its wait
 	counts    bool      // it slides, with a reset that stays put: a count of the window before, not a bucket
 	// When the window is first seen to slide, what it said remains: the
 	// pace's burst is charged with what the window still counts, once.
@@ -516,17 +516,19 @@ func (q *quota) roll(now time.Time) {
 const resetSlack = time.Second
 
 // slack is how long after the reset said the first grant of a window of
-// unknown kind waits: none when the host itself named a moment at or
-// after it (a Retry-After, a reset it said to wait for), as it asked to
-// be asked then; resetSlack for a window longer than that, whose reset,
-// said in whole seconds, may come up to a second late, and where an
-// attempt a moment early can be refused for the whole window (httprate
-// names its window as every refusal's Retry-After); an interval for a
-// shorter one, as a sliding count refuses at its reset what it counted of
-// the window before.
+// unknown kind waits: none when a refusal named that very moment as its
+// wait (a spent quota's reset), as the host asked to be asked then;
+// resetSlack for a window longer than that, whose reset, said in whole
+// seconds, may come up to a second late, and where an attempt a moment
+// early can be refused for the whole window (httprate names its window as
+// every refusal's Retry-After: a burst refused as a window opens is told
+// to come back as the next opens, where the count still refuses it); an
+// interval for a shorter one, as a sliding count refuses at its reset
+// what it counted of the window before. A Retry-After that ends later
+// holds the host (it is parked) until then anyway.
 func (q *quota) slack() time.Duration {
 	switch {
-	case !q.named.Before(q.at):
+	case !q.named.IsZero() && absDuration(q.named.Sub(q.at)) < time.Millisecond:
 		return 0
 	case q.window > resetSlack:
 		return resetSlack
