@@ -243,6 +243,9 @@ func (s *relRawServer) URL() string { return "http://" + s.ln.Addr().String() }
 // transport_test.go.
 func closedPort(t testing.TB) string {
 	t.Helper()
+	if addr, ok := boundPort(t); ok {
+		return addr
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
