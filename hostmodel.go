@@ -444,8 +444,9 @@ type quota struct {
 	probing   bool      // a reset passed, and no answer since told its kind
 	named     time.Time // the moment the last refusal named as its wait
 	counts    bool      // it slides, with a reset that stays put: a count of the window before, not a bucket
-	// When the window is first seen to slide, what it said remains: the
-	// pace's burst is charged with what the window still counts, once.
+	// When the quota is first announced, or its window first seen to
+	// slide, what it said remains: the pace's burst is charged with what
+	// the host still counts, once.
 	syncAt   time.Time
 	syncLeft int
 }
@@ -606,6 +607,12 @@ func (m *hostModel) learnQuota(l *localLimiter, host string, sig *Signal) {
 	if q.limit != sig.Limit || (sig.Window > 0 && q.window != sig.Window) {
 		*q = quota{} // a new announcement replaces the old
 		l.log(host, "retryhttp: quota", slog.Int("limit", sig.Limit), slog.String("window", window.String()))
+		if sig.Remaining >= 0 {
+			// What was sent before the host said its quota is spent from
+			// the pace's burst too, once: a burst sent before any answer
+			// was not paced.
+			q.syncAt, q.syncLeft = now, max(sig.Remaining-m.inflight, 0)
+		}
 	}
 	q.limit, q.window = sig.Limit, window
 	if sig.Refused && sig.Wait > 0 {
