@@ -738,11 +738,6 @@ func (m *hostModel) answer(sig *Signal, l *localLimiter, host string) {
 	// with the attempt that brought it.
 	sentAt := now.Add(-sig.Latency)
 	overlapped := load > 1 || (!tracked && (sentAt.Before(m.answered) || sentAt.Equal(m.answeredSent)))
-	// The record's first answer, while attempts the process sent with it
-	// may still be on their way (ghosts): what the host took of that
-	// burst may be a limit in flight. Only a cut reads it so: whether load
-	// explains the answer is told from what is known to overlap.
-	burst := overlapped || (!tracked && m.answered.IsZero() && m.ghosts > 0)
 	m.answered, m.answeredSent = now, sentAt
 	switch o {
 	case refused:
@@ -791,7 +786,7 @@ func (m *hostModel) answer(sig *Signal, l *localLimiter, host string) {
 			m.tally(true)
 		}
 		if m.explained(sig, overlapped) {
-			m.overload(l, host, sig, tracked, load, burst)
+			m.overload(l, host, sig, tracked, load, overlapped)
 		} else {
 			m.fail(now)
 		}
