@@ -242,11 +242,14 @@ func FuzzRetryAfter(f *testing.F) {
 			}
 		}
 		// A decimal number is never cut short, and rounded up by less
-		// than one unit.
+		// than one unit (one unit exactly for a fraction of one too small
+		// for want+unit to differ from unit in a float64).
 		if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 && f*float64(unit) < 1<<62 && len(v) <= maxNumberLen &&
 			strings.Trim(v, "0123456789.") == "" && strings.Count(v, ".") <= 1 {
 			want := f * float64(unit)
-			if got := float64(wait); !ok || got < want*(1-1e-12) || got >= want+float64(unit) {
+			got := float64(wait)
+			oneUnit := want > 0 && got == float64(unit)
+			if !ok || got < want*(1-1e-12) || (got >= want+float64(unit) && !oneUnit) {
 				t.Fatalf("%v: %v, want %v rounded up to the %v", h, wait, time.Duration(want), unit)
 			}
 		}
