@@ -157,14 +157,8 @@ func (m *memory) claims() int {
 // has not wanted since it last gave itself time to call again, on servers
 // that answer. Claims that ended by themselves are forgotten.
 func (m *memory) idle(now time.Time, down func(string) bool) []goodbye {
-	m.claimMu.Lock()
-	hosts := make([]string, 0, len(m.claimed))
-	for h := range m.claimed {
-		hosts = append(hosts, h)
-	}
-	m.claimMu.Unlock()
 	var out []goodbye
-	for _, host := range hosts {
+	for _, host := range m.claimedHosts() {
 		if down(host) {
 			continue
 		}
@@ -187,6 +181,18 @@ func (m *memory) idle(now time.Time, down func(string) bool) []goodbye {
 	return out
 }
 
+// claimedHosts is a copy of the hosts this process holds claims on, so
+// that each host's shard is locked without the claims' lock held.
+func (m *memory) claimedHosts() []string {
+	m.claimMu.Lock()
+	defer m.claimMu.Unlock()
+	hosts := make([]string, 0, len(m.claimed))
+	for h := range m.claimed {
+		hosts = append(hosts, h)
+	}
+	return hosts
+}
+
 // slot records that Redis gave this process a slot for host at at.
 func (m *memory) slot(host string, at time.Time) {
 	s := m.shard(host)
@@ -199,14 +205,8 @@ func (m *memory) slot(host string, at time.Time) {
 
 // held returns every claim this process holds on a server that answers.
 func (m *memory) held(down func(string) bool) []goodbye {
-	m.claimMu.Lock()
-	hosts := make([]string, 0, len(m.claimed))
-	for h := range m.claimed {
-		hosts = append(hosts, h)
-	}
-	m.claimMu.Unlock()
 	var out []goodbye
-	for _, host := range hosts {
+	for _, host := range m.claimedHosts() {
 		if down(host) {
 			continue
 		}
