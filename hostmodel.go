@@ -444,6 +444,10 @@ type quota struct {
 	probing   bool      // a reset passed, and no answer since told its kind
 	named     time.Time // the moment the last refusal named as its wait
 	counts    bool      // it slides, with a reset that stays put: a count of the window before, not a bucket
+	restarts  bool      // seen whole again within half a window of spent: a window that starts anew
+	said      int       // the remaining the last answer said, as said
+	saidReset time.Time // and the reset it said; zero: none
+	saidAt    time.Time // and when it came
 	// When the quota is first announced, or its window first seen to
 	// slide, what it said remains: the pace's burst is charged with what
 	// the host still counts, once.
@@ -469,12 +473,30 @@ func (q *quota) perSecond() float64 {
 // the window or the whole of it (httprate names its window as the
 // Retry-After): one attempt in limit is the price of never losing more
 // than a second. A token bucket (its reset moves) takes its rate.
+//
+// A window seen to start anew (restarts) is stretched by paceMargin: a
+// pace of exactly limit a window sends the attempt after a window's limit
+// at the very instant the window ends, where a window that starts at its
+// first request (ulule's, most INCR-and-EXPIRE counters) still counts
+// it. Refused there, its request goes to the back of the queue and can
+// meet the next such instant: two tries lost to the phase of a pace. A
+// sliding count is not stretched: at exactly its rate it holds the same
+// count at every attempt, and a pace a hair slower drifts into the
+// instants after its windows start, where it refuses.
 func (q *quota) paceRate() float64 {
-	if q.counts && q.window > resetSlack && q.limit > 1 {
+	switch {
+	case q.restarts:
+		return float64(q.limit) / (q.window + q.window/paceMargin).Seconds()
+	case q.counts && q.window > resetSlack && q.limit > 1:
 		return float64(q.limit-1) / q.window.Seconds()
 	}
 	return q.perSecond()
 }
+
+// paceMargin stretches a restarting window for its pace by one part in
+// paceMargin: 10 ms a second, more than a loopback's or a LAN's jitter,
+// for 1% of the rate.
+const paceMargin = 100
 
 // tokens is how many attempts the quota lets go at now.
 func (q *quota) tokens(now time.Time) float64 {
@@ -651,9 +673,27 @@ func (m *hostModel) learnQuota(l *localLimiter, host string, sig *Signal) {
 		q.probing = false
 	}
 	if sig.Remaining >= 0 {
+		q.restarted(sig, now)
 		// What was in flight when the host counted is taken from it too.
 		q.remaining, q.taken, q.at = sig.Remaining-m.inflight, 0, now
 	}
+}
+
+// restarted marks a window seen to start anew: spent, then whole within
+// half a window, with a reset a window later. Neither a bucket nor a
+// sliding count gives back more than its rate in the time between, and
+// answers out of order are of one window (the same reset) or say an
+// earlier reset after a later one.
+func (q *quota) restarted(sig *Signal, now time.Time) {
+	var resetAt time.Time
+	if sig.Reset >= 0 {
+		resetAt = now.Add(sig.Reset)
+	}
+	if q.said <= 1 && sig.Remaining >= q.limit-1 && q.limit > 2 && now.Sub(q.saidAt) < q.window/2 &&
+		!q.saidReset.IsZero() && !resetAt.IsZero() && resetAt.Sub(q.saidReset) >= q.window/2 {
+		q.restarts = true
+	}
+	q.said, q.saidReset, q.saidAt = sig.Remaining, resetAt, now
 }
 
 func absDuration(d time.Duration) time.Duration {
