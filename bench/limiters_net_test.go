@@ -28,7 +28,7 @@ func TestLimitersLoopback(t *testing.T) {
 	}
 	results := runMatrix(t, refCell, runLoopback)
 	logMatrix(t, "Against real rate limiters (real clock, loopback, ~1 ms added latency):", refCell, results)
-	assertRetryhttpTargets(t, results)
+	assertRetryhttpTargets(t, results, runLoopback)
 }
 
 // runLoopback runs one middleware x library pair over real loopback.

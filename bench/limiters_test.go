@@ -746,17 +746,18 @@ func (r limResult) figures() string {
 		r.elapsed.Seconds(), r.ratio(), r.cell.ideal(), shorten(r.firstErr, 160))
 }
 
-// assertRetryhttpTargets applies assertTargets to retryhttp's runs, unless
-// LIMITERS_TABLE is set.
-func assertRetryhttpTargets(t *testing.T, results []limResult) {
+// assertRetryhttpTargets applies assertCell to retryhttp's runs of
+// runMatrix, which run made, unless LIMITERS_TABLE is set.
+func assertRetryhttpTargets(t *testing.T, results []limResult, run func(*testing.T, limCell, limMiddleware, limClient) limResult) {
 	t.Helper()
 	if tableOnly() {
 		t.Log("LIMITERS_TABLE is set: table only, targets not asserted")
 		return
 	}
-	for _, r := range results {
+	for i, r := range results {
 		if r.client == "retryhttp" {
-			assertCell(t, r)
+			mw, lc := limMiddlewares[i/len(limClients)], limClients[i%len(limClients)]
+			assertCell(t, r, func(t *testing.T) limResult { return run(t, r.cell, mw, lc) })
 		}
 	}
 }
@@ -769,5 +770,5 @@ func assertRetryhttpTargets(t *testing.T, results []limResult) {
 func TestLimiters(t *testing.T) {
 	results := runMatrix(t, refCell, runVirtual)
 	logMatrix(t, "Against real rate limiters (virtual time, in-memory network, ~1 ms latency):", refCell, results)
-	assertRetryhttpTargets(t, results)
+	assertRetryhttpTargets(t, results, runVirtual)
 }
