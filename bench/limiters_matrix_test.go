@@ -142,43 +142,37 @@ func cellFigures(r limResult) string {
 }
 
 // knownMisses are the cells, by missKey, where retryhttp missed a target
-// in at least one of 40 runs of the matrix (core after 86124cd: the quota's
-// window kinds) and the core's model does not reach yet: they are
-// measured and printed, and their assertion skipped when they miss
-// (t.Skip, "known miss"), so that the module's tests pass while the
-// core's owner works on them. LIMITERS_STRICT=1 asserts them too. Each
-// value is what retryhttp gave over those runs (misses and passes); a cell
-// missed in fewer than 40 runs is one that only sometimes misses.
+// in at least one of 50 runs of the matrix (30 plain, 20 under -race; core
+// after 4ea08e6: a window that restarts paced a hair under its rate) and
+// the core's model does not reach yet: they are measured and printed, and
+// their assertion skipped when they miss (t.Skip, "known miss"), so that
+// the module's tests pass while the core's owner works on them.
+// LIMITERS_STRICT=1 asserts them too. Each value is what retryhttp gave
+// over those runs (misses and passes); a cell missed in fewer than 50 runs
+// is one that only sometimes misses. A cell not listed that misses is run
+// again (assertCell).
 var knownMisses = map[string]string{
-	"httprate/100per10s/w100/1ms":    "missed in 9 of 40 runs; fetched 150, 1.01-1.29 req/page, 1.07 x the ideal",
-	"httprate/100per10s/w100/50ms":   "missed in 14 of 40 runs; fetched 150, 1.03-1.33 req/page, 1.08 x the ideal",
-	"httprate/10per1s/w5/1ms":        "missed in 30 of 40 runs; fetched 150, 1.01-1.03 req/page, 1.11-1.29 x the ideal",
-	"httprate/10per1s/w5/50ms":       "missed in 35 of 40 runs; fetched 150, 1.00-1.03 req/page, 1.00-1.31 x the ideal",
-	"httprate/10per1s/w30/50ms":      "missed in 40 of 40 runs; fetched 149-150, 1.15 req/page, 1.30-1.31 x the ideal",
-	"httprate/10per1s/w100/50ms":     "missed in 40 of 40 runs; fetched 150, 1.61 req/page, 1.23 x the ideal",
-	"httprate/60per1min/w5/1ms":      "missed in 32 of 40 runs; fetched 150, 1.00-1.05 req/page, 1.01-1.75 x the ideal",
-	"httprate/60per1min/w5/50ms":     "missed in 36 of 40 runs; fetched 150, 1.00-1.05 req/page, 1.01-1.76 x the ideal",
-	"httprate/60per1min/w30/1ms":     "missed in 38 of 40 runs; fetched 150, 1.00-1.38 req/page, 1.01-1.60 x the ideal",
-	"httprate/60per1min/w30/50ms":    "missed in 39 of 40 runs; fetched 150, 1.00-1.38 req/page, 1.01-1.60 x the ideal",
-	"httprate/60per1min/w100/1ms":    "missed in 40 of 40 runs; fetched 148-150, 1.48-1.49 req/page, 1.60 x the ideal",
-	"httprate/60per1min/w100/50ms":   "missed in 40 of 40 runs; fetched 148-150, 1.48-1.49 req/page, 1.60 x the ideal",
-	"throttled/100per10s/w100/1ms":   "missed in 33 of 40 runs; fetched 150, 1.01-1.33 req/page, 0.67-1.02 x the ideal",
-	"throttled/100per10s/w100/50ms":  "missed in 31 of 40 runs; fetched 150, 1.00-1.33 req/page, 0.66-1.03 x the ideal",
-	"throttled/60per1min/w30/1ms":    "missed in 40 of 40 runs; fetched 150, 1.21-1.32 req/page, 0.81 x the ideal",
-	"throttled/60per1min/w30/50ms":   "missed in 40 of 40 runs; fetched 150, 1.21-1.33 req/page, 0.81 x the ideal",
-	"ulule/100per10s/w100/1ms":       "missed in 8 of 40 runs; fetched 150, 1.01-1.31 req/page, 1.07 x the ideal",
-	"ulule/100per10s/w100/50ms":      "missed in 10 of 40 runs; fetched 150, 1.01-1.31 req/page, 1.07-1.08 x the ideal",
-	"ulule/10per1s/w1/1ms":           "missed in 40 of 40 runs; fetched 150, 1.02 req/page, 1.24 x the ideal",
-	"ulule/10per1s/w1/50ms":          "missed in 40 of 40 runs; fetched 150, 1.02 req/page, 1.27 x the ideal",
-	"ulule/10per1s/w100/50ms":        "missed in 3 of 40 runs; fetched 149-150, 1.61-1.62 req/page, 1.07-1.08 x the ideal",
-	"ulule/5per1s-burst20/w1/1ms":    "missed in 40 of 40 runs; fetched 150, 1.03 req/page, 1.26 x the ideal",
-	"ulule/5per1s-burst20/w1/50ms":   "missed in 40 of 40 runs; fetched 150, 1.03 req/page, 1.30 x the ideal",
-	"ulule/5per1s-burst20/w30/1ms":   "missed in 1 of 40 runs; fetched 149-150, 1.20 req/page, 1.11-1.12 x the ideal",
-	"ulule/5per1s-burst20/w30/50ms":  "missed in 1 of 40 runs; fetched 149-150, 1.20 req/page, 1.14 x the ideal",
-	"ulule/5per1s-burst20/w100/1ms":  "missed in 5 of 40 runs; fetched 149-150, 1.67 req/page, 1.11-1.12 x the ideal",
-	"ulule/5per1s-burst20/w100/50ms": "missed in 1 of 40 runs; fetched 149-150, 1.67 req/page, 1.13-1.14 x the ideal",
-	"ulule/60per1min/w100/1ms":       "missed in 40 of 40 runs; fetched 150, 1.27 req/page, 1.21 x the ideal",
-	"ulule/60per1min/w100/50ms":      "missed in 40 of 40 runs; fetched 150, 1.27 req/page, 1.21 x the ideal",
+	"httprate/100per10s/w100/1ms":      "missed in 15 of 50 runs; fetched 150, 1.01-1.30 req/page, 1.07 x the ideal",
+	"httprate/100per10s/w100/50ms":     "missed in 10 of 50 runs; fetched 150, 1.01-1.31 req/page, 1.07-1.08 x the ideal",
+	"httprate/10per1s/w100/50ms":       "missed in 50 of 50 runs; fetched 149-150, 1.61-1.62 req/page, 1.22-1.23 x the ideal",
+	"httprate/10per1s/w30/50ms":        "missed in 50 of 50 runs; fetched 150, 1.15 req/page, 1.31 x the ideal",
+	"httprate/10per1s/w5/1ms":          "missed in 46 of 50 runs; fetched 150, 1.01-1.04 req/page, 1.11-1.29 x the ideal",
+	"httprate/10per1s/w5/50ms":         "missed in 31 of 50 runs; fetched 150, 1.00-1.04 req/page, 1.00-1.31 x the ideal",
+	"httprate/5per1s-burst20/w30/50ms": "missed in 1 of 50 runs; fetched 149-150, 1.19 req/page, 1.17-1.18 x the ideal",
+	"httprate/60per1min/w100/1ms":      "missed in 50 of 50 runs; fetched 148-150, 1.48-1.49 req/page, 1.60 x the ideal",
+	"httprate/60per1min/w100/50ms":     "missed in 50 of 50 runs; fetched 148-150, 1.48-1.49 req/page, 1.60 x the ideal",
+	"httprate/60per1min/w30/1ms":       "missed in 50 of 50 runs; fetched 150, 1.21-1.38 req/page, 1.40 x the ideal",
+	"httprate/60per1min/w30/50ms":      "missed in 50 of 50 runs; fetched 150, 1.21-1.37 req/page, 1.41 x the ideal",
+	"httprate/60per1min/w5/1ms":        "missed in 48 of 50 runs; fetched 150, 1.00-1.05 req/page, 1.01-1.75 x the ideal",
+	"httprate/60per1min/w5/50ms":       "missed in 47 of 50 runs; fetched 150, 1.00-1.06 req/page, 1.01-1.76 x the ideal",
+	"throttled/100per10s/w100/1ms":     "missed in 38 of 50 runs; fetched 150, 1.03-1.33 req/page, 0.65-1.02 x the ideal",
+	"throttled/100per10s/w100/50ms":    "missed in 39 of 50 runs; fetched 150, 1.01-1.33 req/page, 0.65-1.03 x the ideal",
+	"throttled/60per1min/w30/1ms":      "missed in 50 of 50 runs; fetched 150, 1.21-1.33 req/page, 0.81 x the ideal",
+	"throttled/60per1min/w30/50ms":     "missed in 49 of 50 runs; fetched 150, 1.20-1.33 req/page, 0.60-0.81 x the ideal",
+	"ulule/100per10s/w100/1ms":         "missed in 8 of 50 runs; fetched 150, 1.01-1.31 req/page, 1.07 x the ideal",
+	"ulule/100per10s/w100/50ms":        "missed in 9 of 50 runs; fetched 150, 1.01-1.30 req/page, 1.08 x the ideal",
+	"ulule/60per1min/w100/1ms":         "missed in 50 of 50 runs; fetched 150, 1.27 req/page, 1.21 x the ideal",
+	"ulule/60per1min/w100/50ms":        "missed in 50 of 50 runs; fetched 150, 1.27 req/page, 1.21 x the ideal",
 }
 
 // missKey names one retryhttp run's cell: middleware/quota/wN/latency.
