@@ -476,20 +476,21 @@ func TestLearnLoneRefusalNoCut(t *testing.T) {
 // (ulule/limiter's), refuses the attempt after a window's limit sent at
 // exactly the rate it announces: that attempt falls on the instant the
 // window ends. Seen to start anew, the window is paced a hair slower, so
-// that only the first burst is refused, and a refused request never
-// meets that instant again (it did, one run in a few hundred, with 100
-// workers: a page handed back after its three tries).
+// that only the opening is refused (the first burst, and the first
+// reset, said in whole seconds while the window opened later), and a
+// refused request does not meet that instant again and again (it did,
+// one run in a few hundred, with 100 workers: a page handed back after
+// its three tries). How the first tries go out (at once, or staggered)
+// moves the opening; the steady state after it is what is asserted.
 func TestLearnWindowRestarts(t *testing.T) {
+	const opening = 3 * time.Second
 	for _, tc := range []struct {
 		workers, pages int
-		// The first burst's, beyond the 10 a window allows, and one at the
-		// first reset (said in whole seconds; this window opened later).
-		mostRefused int
-		most        time.Duration
+		most           time.Duration
 	}{
-		{1, 150, 1, 16500 * time.Millisecond},
-		{30, 150, 21, 15600 * time.Millisecond},
-		{100, 300, 91, 31 * time.Second},
+		{1, 200, 22 * time.Second},
+		{30, 200, 22 * time.Second},
+		{100, 300, 32 * time.Second},
 	} {
 		t.Run(fmt.Sprintf("%d workers", tc.workers), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -512,9 +513,18 @@ func TestLearnWindowRestarts(t *testing.T) {
 				}
 				wg.Wait()
 				took := time.Since(start)
-				if failed.Load() > 0 || len(host.refused) > tc.mostRefused || took > tc.most {
-					t.Errorf("%d pages, %d failed, in %v, %d requests, %d refused (at %v); want none failed, within %v, at most %d refused",
-						tc.pages, failed.Load(), took, host.hits, len(host.refused), host.refused, tc.most, tc.mostRefused)
+				var late []time.Duration
+				for _, at := range host.refused {
+					if at >= opening {
+						late = append(late, at)
+					}
+				}
+				// One late refusal may be the one that shows the window
+				// starting anew, when the first tries went out staggered
+				// and no restart was seen in the opening.
+				if failed.Load() > 0 || len(late) > 1 || took > tc.most {
+					t.Errorf("%d pages, %d failed, in %v, %d requests, refused after the first %v at %v; want none failed, at most one refused then, within %v",
+						tc.pages, failed.Load(), took, host.hits, opening, late, tc.most)
 				}
 			})
 		})
