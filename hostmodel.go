@@ -1059,6 +1059,9 @@ func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked 
 			m.setRate(l, host, max(cutShare*accepted, 1/holdTime.Seconds()), now)
 		}
 		return
+	case m.phaseRefusal(sig, sent):
+		m.lastLoad = lastLoad
+		return
 	case c.rate > 0 && c.rate <= nearShare*c.ceil && m.noise(now, sent):
 		m.lastLoad = lastLoad
 		return // a lone refusal, among many accepted, at a pace the host took before
@@ -1077,6 +1080,41 @@ func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked 
 	if sig.limits() {
 		c.cutAt = time.Time{} // the host said it limits the rate: nothing to check
 	}
+}
+
+// phaseRefusal reports a lone refusal by a sliding count, with a wait
+// named, of a pace at the rate the count announces, and moves the pace's
+// next slot half an interval off the refused attempt's. Such a count
+// holds the same count at each attempt of a pace at its rate, and refuses
+// them all or none by where they fall in its intervals: in the first
+// half after its window opens, its rounded count reaches the limit. The
+// refusal says the pace falls there; half an interval later it falls in
+// the other half, whatever the latency to the host (the shift is from
+// the refused attempt, on the same path). The rate the host announced
+// is kept: cutting it would only bring the pace back to the same phase.
+func (m *hostModel) phaseRefusal(sig *Signal, sent float64) bool {
+	q, now := &m.q, sig.Now
+	r := q.paceRate()
+	if !q.counts || sig.Wait <= 0 || r <= 0 || m.fresh(now) || !m.noise(now, sent) || float64(m.pace().Limit) < r*cutShare {
+		return false
+	}
+	d := time.Duration(float64(time.Second) / r)
+	if d > holdTime {
+		return false // the shift would add more than a hold to the wait named
+	}
+	slot := now.Add(-sig.Latency).Add(d / 2)
+	if back := now.Add(sig.Wait); slot.Before(back) {
+		slot = slot.Add((back.Sub(slot) + d - 1) / d * d)
+	}
+	m.ctl.notBefore = later(m.ctl.notBefore, slot)
+	return true
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // fresh reports whether the record is a hold old or less: what it hears

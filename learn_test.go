@@ -530,3 +530,51 @@ func TestLearnWindowRestarts(t *testing.T) {
 		})
 	}
 }
+
+// A sliding count (go-chi/httprate's) holds the same count at every
+// attempt of a pace at its rate, and refuses them all or none by where
+// they fall in its intervals: in the first half after its window opens,
+// its rounded count reaches the limit. A lone refusal of a pace at the
+// announced rate moves the pace half an interval, and keeps the rate:
+// whatever the phase the run starts in, at most one refusal after the
+// opening, where a cut brought the pace back to the same phase, refused
+// again every few seconds (1.31 x the ideal behind httprate with 30
+// workers and 50 ms).
+func TestLearnSlidingPhase(t *testing.T) {
+	const opening = 3 * time.Second
+	for offset := time.Duration(0); offset < 100*time.Millisecond; offset += 10 * time.Millisecond {
+		t.Run(offset.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				host := &windowHost{kind: "sliding", limit: 10, window: time.Second, start: time.Now()}
+				time.Sleep(437*time.Millisecond + offset)
+				net := newPipeNet(host)
+				defer net.close()
+				tr := New(WithBase(net.tr))
+				var next, failed atomic.Int64
+				start := time.Now()
+				var wg sync.WaitGroup
+				for range 5 {
+					wg.Go(func() {
+						for p := next.Add(1); p <= 200; p = next.Add(1) {
+							if code, _ := get(t, tr, fmt.Sprintf("http://sliding.test/?page=%d", p)); code != 200 {
+								failed.Add(1)
+							}
+						}
+					})
+				}
+				wg.Wait()
+				took := time.Since(start)
+				var late []time.Duration
+				for _, at := range host.refused {
+					if at-start.Sub(host.start) >= opening {
+						late = append(late, at)
+					}
+				}
+				if failed.Load() > 0 || len(late) > 1 || took > 22*time.Second {
+					t.Errorf("200 pages, %d failed, in %v, %d requests, refused after the first %v at %v (since the host's start); want none failed, at most one refused then, within 22s",
+						failed.Load(), took, host.hits, opening, late)
+				}
+			})
+		})
+	}
+}

@@ -255,8 +255,12 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 		}}, nil
 	}
 	pace := a.Pace.min(m.pace())
-	if st.tat.Before(m.ctl.notBefore) {
-		st.tat = m.ctl.notBefore
+	if nb := m.ctl.notBefore; !nb.IsZero() && !pace.Unlimited() {
+		// The first slot no earlier than notBefore: the bucket's
+		// theoretical arrival time runs a burst's tolerance ahead of it.
+		if floor := nb.Add(time.Duration(pace.Burst-1) * pace.interval()); st.tat.Before(floor) {
+			st.tat = floor
+		}
 	}
 	m.syncQuota(st, pace)
 	res := s.reserve(st, a, pace, horizonFor(pace, a.Pace))
