@@ -142,37 +142,33 @@ func cellFigures(r limResult) string {
 }
 
 // knownMisses are the cells, by missKey, where retryhttp missed a target
-// in at least one of 50 runs of the matrix (30 plain, 20 under -race; core
-// after 4ea08e6: a window that restarts paced a hair under its rate) and
+// in at least one of 30 runs of the matrix (20 plain, 10 under -race; core
+// after fddb4cc: a sliding count's refusal moves the pace's phase) and
 // the core's model does not reach yet: they are measured and printed, and
 // their assertion skipped when they miss (t.Skip, "known miss"), so that
 // the module's tests pass while the core's owner works on them.
 // LIMITERS_STRICT=1 asserts them too. Each value is what retryhttp gave
-// over those runs (misses and passes); a cell missed in fewer than 50 runs
+// over those runs (misses and passes); a cell missed in fewer than 30 runs
 // is one that only sometimes misses. A cell not listed that misses is run
 // again (assertCell).
 var knownMisses = map[string]string{
-	"httprate/100per10s/w100/1ms":      "missed in 15 of 50 runs; fetched 150, 1.01-1.30 req/page, 1.07 x the ideal",
-	"httprate/100per10s/w100/50ms":     "missed in 10 of 50 runs; fetched 150, 1.01-1.31 req/page, 1.07-1.08 x the ideal",
-	"httprate/10per1s/w100/50ms":       "missed in 50 of 50 runs; fetched 149-150, 1.61-1.62 req/page, 1.22-1.23 x the ideal",
-	"httprate/10per1s/w30/50ms":        "missed in 50 of 50 runs; fetched 150, 1.15 req/page, 1.31 x the ideal",
-	"httprate/10per1s/w5/1ms":          "missed in 46 of 50 runs; fetched 150, 1.01-1.04 req/page, 1.11-1.29 x the ideal",
-	"httprate/10per1s/w5/50ms":         "missed in 31 of 50 runs; fetched 150, 1.00-1.04 req/page, 1.00-1.31 x the ideal",
-	"httprate/5per1s-burst20/w30/50ms": "missed in 1 of 50 runs; fetched 149-150, 1.19 req/page, 1.17-1.18 x the ideal",
-	"httprate/60per1min/w100/1ms":      "missed in 50 of 50 runs; fetched 148-150, 1.48-1.49 req/page, 1.60 x the ideal",
-	"httprate/60per1min/w100/50ms":     "missed in 50 of 50 runs; fetched 148-150, 1.48-1.49 req/page, 1.60 x the ideal",
-	"httprate/60per1min/w30/1ms":       "missed in 50 of 50 runs; fetched 150, 1.21-1.38 req/page, 1.40 x the ideal",
-	"httprate/60per1min/w30/50ms":      "missed in 50 of 50 runs; fetched 150, 1.21-1.37 req/page, 1.41 x the ideal",
-	"httprate/60per1min/w5/1ms":        "missed in 48 of 50 runs; fetched 150, 1.00-1.05 req/page, 1.01-1.75 x the ideal",
-	"httprate/60per1min/w5/50ms":       "missed in 47 of 50 runs; fetched 150, 1.00-1.06 req/page, 1.01-1.76 x the ideal",
-	"throttled/100per10s/w100/1ms":     "missed in 38 of 50 runs; fetched 150, 1.03-1.33 req/page, 0.65-1.02 x the ideal",
-	"throttled/100per10s/w100/50ms":    "missed in 39 of 50 runs; fetched 150, 1.01-1.33 req/page, 0.65-1.03 x the ideal",
-	"throttled/60per1min/w30/1ms":      "missed in 50 of 50 runs; fetched 150, 1.21-1.33 req/page, 0.81 x the ideal",
-	"throttled/60per1min/w30/50ms":     "missed in 49 of 50 runs; fetched 150, 1.20-1.33 req/page, 0.60-0.81 x the ideal",
-	"ulule/100per10s/w100/1ms":         "missed in 8 of 50 runs; fetched 150, 1.01-1.31 req/page, 1.07 x the ideal",
-	"ulule/100per10s/w100/50ms":        "missed in 9 of 50 runs; fetched 150, 1.01-1.30 req/page, 1.08 x the ideal",
-	"ulule/60per1min/w100/1ms":         "missed in 50 of 50 runs; fetched 150, 1.27 req/page, 1.21 x the ideal",
-	"ulule/60per1min/w100/50ms":        "missed in 50 of 50 runs; fetched 150, 1.27 req/page, 1.21 x the ideal",
+	"httprate/100per10s/w100/1ms":      "missed in 7 of 30 runs; fetched 150, 1.05-1.31 req/page, 1.07 x the ideal",
+	"httprate/100per10s/w100/50ms":     "missed in 5 of 30 runs; fetched 150, 1.04-1.30 req/page, 1.08 x the ideal",
+	"httprate/5per1s-burst20/w30/50ms": "missed in 1 of 30 runs; fetched 149-150, 1.18 req/page, 1.08-1.09 x the ideal",
+	"httprate/60per1min/w100/1ms":      "missed in 30 of 30 runs; fetched 148-150, 1.48-1.49 req/page, 1.60 x the ideal",
+	"httprate/60per1min/w100/50ms":     "missed in 30 of 30 runs; fetched 148-150, 1.48-1.49 req/page, 1.60 x the ideal",
+	"httprate/60per1min/w30/1ms":       "missed in 30 of 30 runs; fetched 150, 1.21-1.37 req/page, 1.40 x the ideal",
+	"httprate/60per1min/w30/50ms":      "missed in 29 of 30 runs; fetched 150, 1.00-1.35 req/page, 1.01-1.41 x the ideal",
+	"httprate/60per1min/w5/1ms":        "missed in 26 of 30 runs; fetched 150, 1.00-1.05 req/page, 1.01-1.75 x the ideal",
+	"httprate/60per1min/w5/50ms":       "missed in 23 of 30 runs; fetched 150, 1.00-1.05 req/page, 1.01-1.76 x the ideal",
+	"throttled/100per10s/w100/1ms":     "missed in 23 of 30 runs; fetched 150, 1.02-1.33 req/page, 0.68-1.02 x the ideal",
+	"throttled/100per10s/w100/50ms":    "missed in 26 of 30 runs; fetched 150, 1.02-1.33 req/page, 0.69-1.03 x the ideal",
+	"throttled/60per1min/w30/1ms":      "missed in 30 of 30 runs; fetched 150, 1.21-1.31 req/page, 0.81 x the ideal",
+	"throttled/60per1min/w30/50ms":     "missed in 29 of 30 runs; fetched 150, 1.20-1.33 req/page, 0.60-0.81 x the ideal",
+	"ulule/100per10s/w100/1ms":         "missed in 9 of 30 runs; fetched 150, 1.03-1.29 req/page, 1.07 x the ideal",
+	"ulule/100per10s/w100/50ms":        "missed in 6 of 30 runs; fetched 150, 1.01-1.29 req/page, 1.07-1.08 x the ideal",
+	"ulule/60per1min/w100/1ms":         "missed in 30 of 30 runs; fetched 150, 1.27 req/page, 1.21 x the ideal",
+	"ulule/60per1min/w100/50ms":        "missed in 30 of 30 runs; fetched 150, 1.27 req/page, 1.21 x the ideal",
 }
 
 // missKey names one retryhttp run's cell: middleware/quota/wN/latency.
