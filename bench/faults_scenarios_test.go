@@ -403,16 +403,6 @@ func TestFaultsDeadAddress(t *testing.T) {
 	runFaults(t, "dead", fmt.Sprintf("A dead address (every dial refused after the %v round trip; requests: the dials); %d workers loop for %v, asking again %v after each answer:", faultLatency, deadWorkers, deadLoop, deadThink),
 		0, []string{"dials in 1st s", "dials/s after (mean, max)", "calls/s", "call p50, p99", "p99, max of calls after 1st s"},
 		func(t *testing.T, lc limClient) faultRun {
-			if raceEnabled && lc.name == "failsafehttp" {
-				// The Go runtime (go1.26.8) crashes with a SIGSEGV in
-				// runtime.(*timer).maybeRunChan, in this bubble, on
-				// failsafe-go's retry timer (retryexecutor.go:73): 6 of
-				// 20 race-detector runs of this pair alone, none of 20
-				// without -race, none of any other pair or scenario. A
-				// crash takes the whole test binary down, so that pair
-				// runs without -race only; its row below is then empty.
-				t.Skip("failsafehttp at a dead address crashes the Go runtime under -race (timer.maybeRunChan in a synctest bubble); run without -race for its figures")
-			}
 			var run faultRun
 			var dead deadFigures
 			synctest.Test(t, func(t *testing.T) {

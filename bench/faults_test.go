@@ -338,6 +338,7 @@ func runFaults(t *testing.T, key, title string, pages int, extra []string,
 		for i, lc := range faultClients {
 			t.Run(lc.name, func(t *testing.T) {
 				t.Parallel()
+				skipUnderRace(t, lc.name)
 				runs[i] = scenario(t, lc)
 				runs[i].client = lc.name
 			})

@@ -259,6 +259,25 @@ var limClients = []limClient{
 	{"rehttp", newLimRehttp},
 }
 
+// skipUnderRace skips a run of a failsafe-go client in a synctest bubble
+// under the race detector. There the Go runtime (go1.26.8) crashes with a
+// SIGSEGV in runtime.(*timer).maybeRunChan, on failsafe-go's retry timer
+// (retryexecutor.go:73): 6 of 20 race runs of the dead address alone,
+// and in the matrix; never in 20 runs without -race, nor on any other
+// client's goroutine. A crash takes the whole test binary down, so these
+// runs are left to plain runs (the READMEs' tables come from those).
+func skipUnderRace(t *testing.T, client string) {
+	t.Helper()
+	if failsafeSkipped(client) {
+		t.Skipf("%s in a synctest bubble crashes the Go runtime under -race (timer.maybeRunChan); its figures come from runs without -race", client)
+	}
+}
+
+// failsafeSkipped reports whether client's runs are skipped in this build.
+func failsafeSkipped(client string) bool {
+	return raceEnabled && strings.HasPrefix(client, "failsafehttp")
+}
+
 // newLimRetryhttp is retryhttp.NewClient() with its defaults; only the base
 // is given, to reach the run's server.
 func newLimRetryhttp(base http.RoundTripper) *http.Client {
@@ -539,6 +558,7 @@ func fetchAll(ctx context.Context, client *http.Client, url string, workers int,
 // around it. Every clock involved is the bubble's, so the run is fast, and
 // exact but for the order in which the bubble's goroutines run.
 func runVirtual(t *testing.T, cell limCell, mw limMiddleware, lc limClient) limResult {
+	skipUnderRace(t, lc.name)
 	var res limResult
 	synctest.Test(t, func(t *testing.T) {
 		time.Sleep(limClockOffset)
