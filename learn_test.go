@@ -499,32 +499,16 @@ func TestLearnWindowRestarts(t *testing.T) {
 				net := newPipeNet(host)
 				defer net.close()
 				tr := New(WithBase(net.tr))
-				var next, failed atomic.Int64
 				start := time.Now()
-				var wg sync.WaitGroup
-				for range tc.workers {
-					wg.Go(func() {
-						for p := next.Add(1); p <= int64(tc.pages); p = next.Add(1) {
-							if code, _ := get(t, tr, fmt.Sprintf("http://restarts.test/?page=%d", p)); code != 200 {
-								failed.Add(1)
-							}
-						}
-					})
-				}
-				wg.Wait()
+				failed := fetchPages(t, tr, "http://restarts.test/", tc.workers, tc.pages)
 				took := time.Since(start)
-				var late []time.Duration
-				for _, at := range host.refused {
-					if at >= opening {
-						late = append(late, at)
-					}
-				}
+				late := host.refusedSince(opening)
 				// One late refusal may be the one that shows the window
 				// starting anew, when the first tries went out staggered
 				// and no restart was seen in the opening.
-				if failed.Load() > 0 || len(late) > 1 || took > tc.most {
+				if failed > 0 || len(late) > 1 || took > tc.most {
 					t.Errorf("%d pages, %d failed, in %v, %d requests, refused after the first %v at %v; want none failed, at most one refused then, within %v",
-						tc.pages, failed.Load(), took, host.hits, opening, late, tc.most)
+						tc.pages, failed, took, host.hits, opening, late, tc.most)
 				}
 			})
 		})
@@ -550,31 +534,47 @@ func TestLearnSlidingPhase(t *testing.T) {
 				net := newPipeNet(host)
 				defer net.close()
 				tr := New(WithBase(net.tr))
-				var next, failed atomic.Int64
 				start := time.Now()
-				var wg sync.WaitGroup
-				for range 5 {
-					wg.Go(func() {
-						for p := next.Add(1); p <= 200; p = next.Add(1) {
-							if code, _ := get(t, tr, fmt.Sprintf("http://sliding.test/?page=%d", p)); code != 200 {
-								failed.Add(1)
-							}
-						}
-					})
-				}
-				wg.Wait()
+				failed := fetchPages(t, tr, "http://sliding.test/", 5, 200)
 				took := time.Since(start)
-				var late []time.Duration
-				for _, at := range host.refused {
-					if at-start.Sub(host.start) >= opening {
-						late = append(late, at)
-					}
-				}
-				if failed.Load() > 0 || len(late) > 1 || took > 22*time.Second {
+				late := host.refusedSince(start.Sub(host.start) + opening)
+				if failed > 0 || len(late) > 1 || took > 22*time.Second {
 					t.Errorf("200 pages, %d failed, in %v, %d requests, refused after the first %v at %v (since the host's start); want none failed, at most one refused then, within 22s",
-						failed.Load(), took, host.hits, opening, late)
+						failed, took, host.hits, opening, late)
 				}
 			})
 		})
 	}
+}
+
+// fetchPages fetches pages 1 to pages of url (?page=N) through rt with n
+// workers, and returns how many did not end in a 200.
+func fetchPages(t *testing.T, rt http.RoundTripper, url string, n, pages int) int64 {
+	t.Helper()
+	var next, failed atomic.Int64
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			for p := next.Add(1); p <= int64(pages); p = next.Add(1) {
+				if code, _ := get(t, rt, fmt.Sprintf("%s?page=%d", url, p)); code != 200 {
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return failed.Load()
+}
+
+// refusedSince is when the host refused, from after (since its start) on.
+func (h *windowHost) refusedSince(after time.Duration) []time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var late []time.Duration
+	for _, at := range h.refused {
+		if at >= after {
+			late = append(late, at)
+		}
+	}
+	return late
 }
