@@ -285,7 +285,7 @@ func (s *Signal) outcome() outcome {
 		return saysNothing
 	case s.Refused:
 		return refused
-	case s.Failed || s.Status == http.StatusBadGateway || s.Status == http.StatusGatewayTimeout:
+	case s.Failed || noOrigin(s.Status):
 		return failed
 	case s.Status == http.StatusServiceUnavailable || s.Status == statusOverloaded:
 		// Naming a wait: the host parks itself, which says nothing more.
@@ -296,6 +296,14 @@ func (s *Signal) outcome() outcome {
 		return saysNothing // a question, not an answer
 	}
 	return accepted
+}
+
+// noOrigin reports a status by which a gateway says the origin gave no
+// answer: 502 and 504, and Cloudflare's 520 to 523 (an empty or malformed
+// answer, a connection refused, timed out, or no route to it). Nothing was
+// served: a host answering only these is down, not failing.
+func noOrigin(status int) bool {
+	return status == http.StatusBadGateway || status == http.StatusGatewayTimeout || (status >= 520 && status <= 523)
 }
 
 // limits reports a refusal by which the host says it limits the rate: a

@@ -2,7 +2,6 @@ package retryhttp
 
 import (
 	"context"
-	"net/http"
 	"sync"
 	"time"
 
@@ -133,8 +132,7 @@ func (s *sharedLimiter) forward(host string, sig Signal, st HostStatus) (Signal,
 
 // through reports an answer that got through to the host's application.
 func through(sig Signal) bool {
-	return !sig.Failed && sig.Status > 0 && sig.Status != http.StatusBadGateway &&
-		sig.Status != http.StatusGatewayTimeout && !sig.Refused
+	return !sig.Failed && sig.Status > 0 && !noOrigin(sig.Status) && !sig.Refused
 }
 
 // remember notes a host found or told down at now.

@@ -57,7 +57,7 @@ func (l *Limiter) learnPace(ctx context.Context, host string, sig retryhttp.Sign
 	switch {
 	case sig.Down != nil:
 		down = "d"
-	case !sig.Failed && !sig.Refused && sig.Status > 0 && sig.Status != http.StatusBadGateway && sig.Status != http.StatusGatewayTimeout:
+	case !sig.Failed && !sig.Refused && sig.Status > 0 && !noOrigin(sig.Status):
 		down = "u" // an answer got through: a host marked down is not
 	}
 	res, err := l.run(context.WithoutCancel(ctx), srv, learnScript, []string{l.prefix + host}, mode, refused, sig.Status,
@@ -149,4 +149,11 @@ func (m *memory) learn(host string, sig retryhttp.Signal) retryhttp.Pace {
 		return retryhttp.Pace{Limit: rate.Inf}
 	}
 	return retryhttp.Pace{Limit: rate.Limit(h.lrate), Burst: max(h.lburst, 1)}
+}
+
+// noOrigin reports a status by which a gateway says the origin gave no
+// answer (502, 504, Cloudflare's 520 to 523): such an answer does not clear
+// a host marked down. The core's rule, repeated: it is not exported.
+func noOrigin(status int) bool {
+	return status == http.StatusBadGateway || status == http.StatusGatewayTimeout || (status >= 520 && status <= 523)
 }
