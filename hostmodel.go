@@ -53,6 +53,8 @@ import (
 //	                                        unlikely (see unlikely)
 //	recover   Down → Recovering             an answer gets through (the probe's)
 //	settle    Overloaded, Recovering → Healthy  the pace holds nothing back
+//	heal      Failing → Healthy             nothing gone wrong for forgetAfter, the
+//	                                        record kept (busy, or its latencies kept)
 //	forget    any → Healthy                 nothing heard of the host for forgetAfter,
 //	                                        or nothing gone wrong for it
 //
@@ -257,6 +259,10 @@ type Signal struct {
 	// Sent is how many attempts the process sent in the last second, to
 	// every host: a bound on what this host got before it had a record.
 	Sent float64
+	// InFlight is how many attempts the process has on their way, to
+	// every host, as the answer comes (its own not counted): a bound on
+	// what this host still has of ours before it had a record.
+	InFlight int
 	// KeepLatency asks the Limiter to keep the host's answer latencies,
 	// for Reservation.Latency: the Transport learns its hedge delay.
 	KeepLatency bool
@@ -849,6 +855,18 @@ func (m *hostModel) answer(sig *Signal, l *localLimiter, host string) {
 	if m.state != HostDown && m.falls(now) {
 		m.fall(l, host, now)
 	}
+	m.heal(now)
+}
+
+// heal: Failing → Healthy, once nothing went wrong for forgetAfter. A
+// record kept while the host is busy (requests always in flight, or its
+// latencies kept for hedging) is not forgotten, so the state must mend in
+// place.
+func (m *hostModel) heal(now time.Time) {
+	if m.state == HostFailing && now.Sub(m.lastTrouble) >= forgetAfter {
+		m.setState(HostHealthy, now)
+		m.exShare = 0
+	}
 }
 
 // fail: Healthy → Failing. A failing host is not slowed.
@@ -1026,6 +1044,16 @@ func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked 
 		accepted = max(accepted, 1/sig.Wait.Seconds())
 	}
 	if m.state != HostOverloaded && m.state != HostRecovering {
+		if sig.Wait <= 0 && !m.q.active() && m.noise(now, sent) {
+			// One refusal among many accepted, naming no wait, from a
+			// host that announces nothing, says it was full for a moment,
+			// not what it takes: a rate is cut at the second refusal
+			// within a second, which a limit hit by our traffic sends at
+			// once. (A refusal with a wait parks the host; a quota's
+			// refusal tells the window's phase: both are read below.)
+			m.lastLoad = lastLoad
+			return
+		}
 		m.setState(HostOverloaded, now)
 		*c = control{}
 	}
@@ -1569,7 +1597,7 @@ func (c *call) observe(a *answer) bool {
 	if o := sig.outcome(); t.noLearning || (!tell && (o == accepted || o == saysNothing)) {
 		return !plain
 	}
-	sig.Sent = t.sentLastSecond(now)
+	sig.Sent, sig.InFlight = t.sentLastSecond(now), int(t.inflight.Load())
 	st, err := t.limiter.Learn(c.ctx, c.hostName(), sig)
 	if err != nil && t.logger != nil {
 		t.logger.LogAttrs(c.ctx, slog.LevelWarn, "retryhttp: learning failed",

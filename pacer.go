@@ -372,7 +372,10 @@ func (l *localLimiter) Learn(_ context.Context, host string, sig Signal) (HostSt
 			st = s.add(l, host, sig.Now)
 		}
 		m = newModel(l.gens.Add(1), sig.Now)
-		m.ghosts = sig.Sent // at most: what the process sent lately, this answer's attempt among them
+		// At most what the process has on its way to every host: what it
+		// sent in the last second is mostly answered already, by other
+		// hosts, in a busy process.
+		m.ghosts = float64(sig.InFlight)
 		st.model = m
 		l.learning.Add(1)
 		for n := sig.Now.Add(holdTime).Sub(l.epoch).Nanoseconds(); ; {

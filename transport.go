@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"sync/atomic"
 	"time"
 )
 
@@ -31,6 +32,10 @@ type Transport struct {
 	// buckets, when it has no budget to count its first tries: what a host
 	// that starts refusing can have got at most.
 	sent counter
+	// inflight counts this Transport's attempts waiting for their
+	// headers, all hosts: what a host that just got a record can have of
+	// ours on its way at most (Signal.InFlight).
+	inflight atomic.Int64
 }
 
 // New returns a Transport configured by opts; without options it retries
@@ -91,7 +96,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // parks and learns like any, and leaves the retries and the budget to the
 // outer.
 func (t *Transport) roundTripOnce(req *http.Request) (*http.Response, error) {
-	c := call{t: t, req: req, ctx: req.Context(), retryIf: t.retryIf, attemptTimeout: t.attemptTimeout}
+	c := call{t: t, req: req, ctx: req.Context(), retryIf: t.retryIf, attemptTimeout: t.attemptTimeout, nested: true}
 	now := t.clock.Now()
 	c.adm.at = now
 	if !t.admitted(now) {
@@ -132,6 +137,8 @@ type call struct {
 	maxAttempts    int
 	retryIf        func(*http.Response, error) bool
 	attemptTimeout time.Duration
+	// nested is set for the one attempt of a Transport nested in another.
+	nested bool
 }
 
 // hostName is the host the call goes to, made on first use: the success
@@ -248,8 +255,10 @@ func (c *call) send(req *http.Request, n int, now time.Time) (*http.Response, er
 	if c.trace != nil {
 		c.trace.reset()
 	}
-	if t.budget == nil && !t.noLearning {
-		t.sent.add(now) // the budget counts first tries otherwise: see sentLastSecond
+	if (t.budget == nil || c.nested) && !t.noLearning {
+		// The budget counts first tries otherwise (see sentLastSecond);
+		// a nested call's first tries are the outer's to count.
+		t.sent.add(now)
 	}
 	return t.attempt(req, n, c.attemptTimeout)
 }
@@ -257,6 +266,8 @@ func (c *call) send(req *http.Request, n int, now time.Time) (*http.Response, er
 // attempt is attempt n through the base, under the attempt timeout when
 // there is one.
 func (t *Transport) attempt(req *http.Request, n int, timeout time.Duration) (*http.Response, error) {
+	t.inflight.Add(1)
+	defer t.inflight.Add(-1)
 	if timeout > 0 {
 		return t.timedRoundTrip(req, n, timeout)
 	}
@@ -629,7 +640,9 @@ func (h held) discard() {
 // that the success path pays for one count, not two.
 func (t *Transport) sentLastSecond(now time.Time) float64 {
 	if t.budget != nil {
-		return t.budget.firsts.lastSecond(now)
+		// A Transport nested in another counts its attempts itself: the
+		// outer's first tries are on the outer's budget.
+		return max(t.budget.firsts.lastSecond(now), t.sent.lastSecond(now))
 	}
 	return t.sent.lastSecond(now)
 }
