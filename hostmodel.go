@@ -467,6 +467,7 @@ type quota struct {
 	// the host still counts, once.
 	syncAt   time.Time
 	syncLeft int
+	renewed  bool // it replaced another announcement: the old pace's schedule goes
 }
 
 func (q *quota) active() bool { return q.limit > 0 }
@@ -641,7 +642,11 @@ func (m *hostModel) learnQuota(l *localLimiter, host string, sig *Signal) {
 		}
 	}
 	if q.limit != sig.Limit || (sig.Window > 0 && q.window != sig.Window) {
-		*q = quota{} // a new announcement replaces the old
+		// A new announcement replaces the old, and so does the pace's
+		// schedule of the old: slots a pace of 5000 an hour handed out
+		// mean nothing to one of 30 a minute (syncQuota).
+		renewed := q.active()
+		*q = quota{renewed: renewed}
 		l.log(host, "retryhttp: quota", slog.Int("limit", sig.Limit), slog.String("window", window.String()))
 		if sig.Remaining >= 0 {
 			// What was sent before the host said its quota is spent from
@@ -1626,14 +1631,25 @@ func (c *call) readWaits(a *answer, h http.Header, quota bool, sig *Signal) {
 	t, resp, now := c.t, a.resp, a.now
 	code := resp.StatusCode
 	var q announcement
-	if quota && !t.noLearning {
+	// A quota of some of the host's endpoints (GitHub's search, graphql,
+	// ... beside core, under the same header names) says nothing of the
+	// host: it paces nothing, and its spent quota holds only the request
+	// that met it (which waits for the reset), not the host's others. A
+	// Retry-After on a refusal is the host's word all the same.
+	scoped := quota && scopedQuota(h)
+	if quota && !t.noLearning && !scoped {
 		q = announced(h, now)
 	}
 	a.wait, a.named = serverWait(resp, now)
+	park := a.named && a.wait > 0 && (code >= 400 || t.noLearning || q.limit == 0)
+	if park && scoped {
+		_, said := retryAfter(h, now)
+		park = said && code >= 400
+	}
 	// A spent quota on a success is the model's to hold while it learns
 	// (until the reset, or the next grant of a window that slides); a
 	// refusal that names its moment parks the host.
-	if a.named && a.wait > 0 && (code >= 400 || t.noLearning || q.limit == 0) {
+	if park {
 		until := t.park(c.ctx, c.hostName(), now, max(a.wait, t.raFloor))
 		if len(t.onPark) > 0 {
 			ev := ParkEvent{Request: c.req, Host: c.hostName(), Until: until, Status: code}
@@ -1642,7 +1658,7 @@ func (c *call) readWaits(a *answer, h http.Header, quota bool, sig *Signal) {
 			}
 		}
 	}
-	limited := code == http.StatusTooManyRequests || quotaRefusal(resp, now) // the host says it limits the rate
+	limited := code == http.StatusTooManyRequests || (!scoped && quotaRefusal(resp, now)) // the host says it limits the rate
 	sig.Refused = limited || ((code == http.StatusServiceUnavailable || code == statusOverloaded) && !a.named)
 	if limited && a.named {
 		sig.Wait = max(a.wait, t.raFloor)
@@ -1687,13 +1703,28 @@ func (m *hostModel) tookQuota() {
 // to slide still counts: a client that waited for a reset has its whole
 // burst in hand, which the window would refuse. Only when the quota is
 // what paces the host.
-func (m *hostModel) syncQuota(st *hostState, pace Pace) {
+func (m *hostModel) syncQuota(st *hostState, pace Pace, now time.Time) {
 	q := &m.q
+	if q.renewed {
+		// The slots handed out were of the announcement replaced: the
+		// new one is charged below with what it says remains, no more.
+		q.renewed = false
+		if st.tat.After(now) {
+			st.tat = now
+		}
+	}
 	if q.syncAt.IsZero() {
 		return
 	}
 	if m.ctl.rate == 0 && pace == m.pace() {
 		floor := q.syncAt.Add(time.Duration(max(pace.Burst-q.syncLeft, 0)) * pace.interval())
+		if !q.resetAt.IsZero() {
+			// Whatever remains, the window is whole at its reset: no
+			// charge holds a slot past it.
+			if whole := q.resetAt.Add(time.Duration(pace.Burst-1) * pace.interval()); floor.After(whole) {
+				floor = whole
+			}
+		}
 		if st.tat.Before(floor) {
 			st.tat = floor
 		}

@@ -262,7 +262,7 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 			st.tat = floor
 		}
 	}
-	m.syncQuota(st, pace)
+	m.syncQuota(st, pace, a.Now)
 	res := s.reserve(st, a, pace, horizonFor(pace, a.Pace))
 	if res.Delay > 0 && pace != a.Pace {
 		m.ctl.busyAt = a.Now // a request waits for the learned pace: it binds

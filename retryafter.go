@@ -197,6 +197,16 @@ func quotaHeaders(h http.Header) bool {
 		len(h["X-Ratelimit-Remaining-Requests"]) > 0 || len(h["Anthropic-Ratelimit-Requests-Remaining"]) > 0
 }
 
+// scopedQuota reports an answer whose X-RateLimit-* headers are of one
+// resource of the host among several (GitHub's X-RateLimit-Resource: search,
+// graphql, code_search, ... beside core, each its own quota under the same
+// names): a quota of some endpoints, not of the host. "core" is GitHub's
+// quota of the host's other endpoints, and is the host's.
+func scopedQuota(h http.Header) bool {
+	v := firstValue(h, "X-Ratelimit-Resource")
+	return v != "" && !strings.EqualFold(v, "core")
+}
+
 // parseResetDuration reads an OpenAI reset: a Go duration ("1s", "6m0s",
 // "1m30.5s", "12ms") or a bare number of seconds (rounded up, as Azure
 // OpenAI sends them). A sign, a unit Go does not know, more than
