@@ -468,6 +468,30 @@ type quota struct {
 	syncAt   time.Time
 	syncLeft int
 	renewed  bool // it replaced another announcement: the old pace's schedule goes
+	// The fewest said to remain since lowFrom, and whether no answer of
+	// the last whole window said less than half the limit remains
+	// (spare): a host that stays more than half full under a pace that
+	// binds gives back faster than it is asked, more than its
+	// announcement says (throttled announces a bucket's burst as its
+	// limit, and the time to fill it as its reset). A window or count
+	// paced at its rate runs down to its last few.
+	low     int
+	lowFrom time.Time
+	spare   bool
+	beyond  bool // spare was seen under a pace that bound: the announced rate is a floor, not a cap
+}
+
+// watchSpare takes in what an answer says remains.
+func (q *quota) watchSpare(left int, now time.Time) {
+	if q.lowFrom.IsZero() {
+		q.low, q.lowFrom = left, now
+		return
+	}
+	q.low = min(q.low, left)
+	if now.Sub(q.lowFrom) >= max(q.window, holdTime) {
+		q.spare = q.low >= 1 && 2*q.low >= q.limit
+		q.low, q.lowFrom = left, now
+	}
 }
 
 func (q *quota) active() bool { return q.limit > 0 }
@@ -692,6 +716,7 @@ func (m *hostModel) learnQuota(l *localLimiter, host string, sig *Signal) {
 		q.probing = false
 	}
 	if sig.Remaining >= 0 {
+		q.watchSpare(sig.Remaining, now)
 		q.restarted(sig, now)
 		// What was in flight when the host counted is taken from it too.
 		q.remaining, q.taken, q.at = sig.Remaining-m.inflight, 0, now
@@ -1136,8 +1161,9 @@ func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked 
 func (m *hostModel) phaseRefusal(sig *Signal, sent float64) bool {
 	q, now := &m.q, sig.Now
 	r := q.paceRate()
-	if !q.counts || sig.Wait <= 0 || r <= 0 || m.fresh(now) || !m.noise(now, sent) || float64(m.pace().Limit) < r*cutShare {
-		return false
+	if p := float64(m.pace().Limit); !q.counts || sig.Wait <= 0 || r <= 0 || m.fresh(now) || !m.noise(now, sent) ||
+		p < r*cutShare || p > r/cutShare {
+		return false // not a pace at the rate the count announces
 	}
 	d := time.Duration(float64(time.Second) / r)
 	if d > holdTime {
@@ -1232,7 +1258,22 @@ func (m *hostModel) setRate(l *localLimiter, host string, r float64, now time.Ti
 func (m *hostModel) adjust(l *localLimiter, host string, now time.Time) {
 	c := &m.ctl
 	if c.rate == 0 && c.limit == 0 {
+		r := m.q.paceRate()
+		if !m.q.active() || !m.q.spare || r <= 0 || now.Sub(c.busyAt) >= holdTime {
+			return
+		}
+		// The announced pace binds and the host never ran out: it takes
+		// more than it says. The pace is learned from here, and grows
+		// while nothing is refused.
+		c.step, c.grownAt = probeStep, now
+		m.q.beyond = true
+		m.setRate(l, host, r, now)
 		return
+	}
+	if m.q.spare && !m.q.beyond && now.Sub(c.busyAt) < holdTime {
+		// Held by a pace, the host never ran out for a window: what it
+		// took of a burst, and what it announces, are not its rate.
+		m.q.beyond, c.ceil, c.nearAt = true, 0, time.Time{}
 	}
 	every := holdTime
 	if m.state == HostRecovering && c.ceil == 0 && c.limit == 0 {
@@ -1382,6 +1423,9 @@ func (m *hostModel) grow(l *localLimiter, host string, now time.Time) {
 	near := nearShare * c.ceil
 	next := c.rate * 2
 	switch {
+	case m.q.spare && c.ceil == 0:
+		// The host says it has more than the pace takes: slow start
+		// (doubling) until a refusal says where it ends.
 	case c.rate < near:
 		next = min(next, near)
 		if next >= near {
@@ -1393,7 +1437,7 @@ func (m *hostModel) grow(l *localLimiter, host string, now time.Time) {
 		next = c.rate * (1 + c.step)
 		c.step = min(3*c.step, 1)
 	}
-	if m.q.active() {
+	if m.q.active() && !m.q.beyond {
 		if r := m.q.paceRate(); r > 0 {
 			next = min(next, r)
 		}
