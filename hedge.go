@@ -138,7 +138,11 @@ func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 		timer.Stop()
 		return h.keepFirst(c, &first)
 	case hedgeReady:
+		// Its cancel ends its wait for admission; wait for it to let go
+		// (its slot given back, its report made), so that nothing of it
+		// outlives the call.
 		hcancel()
+		<-h.done
 		return h.keepFirst(c, &first)
 	case hedgeSent:
 		first.n = 2
@@ -278,12 +282,15 @@ func (h *hedger) fire() {
 		}
 		t.giveBack(h.callerCtx, h.host, adm)
 		cancel()
+		close(h.done)
 		return
 	}
 	h.state, h.sent, h.adm, h.charged, h.spentAt = hedgeSent, true, adm, charged, now
+	// Reported under the lock: a first answer that comes meanwhile waits
+	// for the hooks, which are done before the call returns.
+	t.reportHedge(h.callerCtx, h.req, h.key, h.host, h.delay)
 	h.mu.Unlock()
 
-	t.reportHedge(h.callerCtx, h.req, h.key, h.host, h.delay)
 	if t.budget == nil && !t.noLearning {
 		t.sent.add(adm.at)
 	}
@@ -305,18 +312,22 @@ func (h *hedger) fire() {
 
 // unsent ends a hedge that was not sent, and reports why, unless the
 // first answer came meanwhile or the caller gave up.
+// The report is made before the hedge is over, so that it is done before
+// the call returns.
 func (h *hedger) unsent(reason Reason) {
 	h.mu.Lock()
 	lost := h.state == hedgeLost
-	if !lost {
-		h.state = hedgeOver
-		close(h.done)
-	}
 	h.mu.Unlock()
 	h.cancel()
 	if !lost && h.callerCtx.Err() == nil {
 		h.t.reportNoHedge(h.callerCtx, h.req, h.key, h.host, h.delay, reason)
 	}
+	h.mu.Lock()
+	if h.state != hedgeLost {
+		h.state = hedgeOver
+	}
+	h.mu.Unlock()
+	close(h.done)
 }
 
 // isReadWriter reports a body that is also an io.Writer (101 Switching
@@ -333,4 +344,23 @@ func (t *Transport) cleanUp(ctx context.Context, host string, adm admission, res
 		resp.Body.Close()
 	}
 	t.giveBack(context.WithoutCancel(ctx), host, adm)
+}
+
+// latencyOnly tells the limiter, under WithLearning(false), what a learned
+// hedge delay needs and nothing more: an accepted answer's latency, and
+// the ticket of any other answer given back as saying nothing, so that
+// the host model keeps the latencies without learning a pace, a limit or a
+// state from the answers.
+func (c *call) latencyOnly(sig *Signal, o outcome, report bool) {
+	t := c.t
+	s := Signal{Now: sig.Now, Ticket: sig.Ticket, Reset: -1, Remaining: -1}
+	switch {
+	case t.hedgeLearns && o == accepted:
+		s.Status, s.Latency, s.KeepLatency = sig.Status, sig.Latency, true
+	case report:
+		s.Canceled = true
+	default:
+		return
+	}
+	t.limiter.Learn(c.ctx, c.hostName(), s)
 }

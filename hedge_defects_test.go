@@ -367,3 +367,103 @@ func TestTimeoutIsNetTimeout(t *testing.T) {
 		})
 	}
 }
+
+// TestHedgeLearnedFirstWave: with the learned delay (WithHedging(0)) a
+// call that hangs before any latency is known is hedged after the
+// starting delay, and one that hangs later after the learned one; with
+// learning off (WithLearning(false)) too, whose latencies are kept for
+// the hedge delay alone. A steady host is not hedged.
+func TestHedgeLearnedFirstWave(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []Option
+	}{
+		{name: "learning", opts: []Option{WithHedging(0)}},
+		{name: "learning off", opts: []Option{WithHedging(0), WithLearning(false)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				// The first request hangs, and the 100th after it.
+				base := &slowBase{start: time.Now(), answer: func(n int) (time.Duration, *http.Response) {
+					d := 50 * time.Millisecond
+					if n == 1 || n == 103 {
+						d = time.Minute
+					}
+					return d, &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}
+				}}
+				var hedges atomic.Int64
+				tr := New(append([]Option{WithBase(base), WithOnRetry(func(ev RetryEvent) {
+					if ev.Hedge {
+						hedges.Add(1)
+					}
+				})}, tc.opts...)...)
+				took := func() time.Duration {
+					start := time.Now()
+					resp, err := getReq(t, tr, "http://wave.test/")
+					if err != nil {
+						t.Fatal(err)
+					}
+					resp.Body.Close()
+					return time.Since(start)
+				}
+				type result struct {
+					First, Later time.Duration
+					Hedges       int64
+				}
+				var got result
+				got.First = took()
+				for range 100 {
+					took()
+				}
+				got.Later = took()
+				got.Hedges = hedges.Load()
+				// 50 ms answers: hedged after 50 ms and an eighth.
+				want := result{First: hedgeStart + 50*time.Millisecond, Later: 50*time.Millisecond + 50*time.Millisecond/8 + 50*time.Millisecond, Hedges: 2}
+				if diff := cmp.Diff(want, got); diff != "" {
+					t.Errorf("(-want +got)\n%s", diff)
+				}
+			})
+		})
+	}
+}
+
+// TestHedgeNotSentIsReported: a call slower than its hedge delay whose
+// hedge cannot go says why, to OnGiveUp, as a hedge event.
+func TestHedgeNotSentIsReported(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []Option
+		req  func() *http.Request
+		want Reason
+	}{
+		{name: "budget spent", opts: []Option{WithBudget(NewBudget(0, 0))}, want: ReasonBudget,
+			req: func() *http.Request { r, _ := http.NewRequest(http.MethodGet, "http://slow.test/", nil); return r }},
+		{name: "GetBody fails", want: ReasonGetBody, req: func() *http.Request {
+			r, _ := http.NewRequest(http.MethodPut, "http://slow.test/", strings.NewReader("x"))
+			r.GetBody = func() (io.ReadCloser, error) { return nil, errors.New("gone") }
+			return r
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &slowBase{start: time.Now(), answer: func(int) (time.Duration, *http.Response) {
+					return time.Second, &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody}
+				}}
+				var events []RetryEvent
+				tr := New(append([]Option{WithBase(base), WithHedging(10 * time.Millisecond), WithOnGiveUp(func(ev RetryEvent) {
+					ev.Request = nil
+					events = append(events, ev)
+				})}, tc.opts...)...)
+				resp, err := tr.RoundTrip(tc.req())
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				want := []RetryEvent{{Attempt: 1, Delay: 10 * time.Millisecond, Reason: tc.want, Hedge: true}}
+				if diff := cmp.Diff(want, events); diff != "" {
+					t.Errorf("give-ups (-want +got)\n%s", diff)
+				}
+			})
+		})
+	}
+}

@@ -1559,6 +1559,9 @@ func (c *call) observe(a *answer) bool {
 	}
 	a.refused = sig.Refused
 	if o := sig.outcome(); t.noLearning || (!tell && (o == accepted || o == saysNothing)) {
+		if t.noLearning {
+			c.latencyOnly(&sig, o, a.adm.report) // hedge.go: the learned hedge delay's latencies
+		}
 		return !plain
 	}
 	sig.Sent = t.sentLastSecond(now)
