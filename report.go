@@ -38,7 +38,8 @@ type RetryEvent struct {
 	Reason Reason
 	// Hedge is set for a hedge (WithHedging): one more attempt sent beside
 	// the first, which has not failed but not answered after Delay;
-	// Status and Err are then zero.
+	// Status and Err are then zero. OnGiveUp gets one with Hedge set for a
+	// hedge that was due after Delay and not sent, Reason saying why.
 	Hedge bool
 }
 
