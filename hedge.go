@@ -108,7 +108,8 @@ type hedger struct {
 	sent    bool
 	charged bool // the hedge spent the budget, at spentAt
 	spentAt time.Time
-	won     bool // its answer needs no retry: the first was cancelled for it
+	won     bool // its answer needs no retry: the first was cancelled for it, unless in
+	firstIn bool // the first attempt answered: it is not cancelled for the hedge
 }
 
 // hedged makes the first attempt on the caller's goroutine, and a hedge
@@ -125,6 +126,7 @@ func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 	first := answer{n: 1, resp: resp, err: err, adm: c.adm}
 
 	h.mu.Lock()
+	h.firstIn = true
 	state := h.state
 	if state == hedgeIdle || state == hedgeReady {
 		// Unsent: abandoned. It may be waiting for its pace slot, which
@@ -173,6 +175,7 @@ func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 	}
 	if plain := !c.observe(&first); plain || !c.retryable(&first) {
 		t.cleanUp(c.ctx, h.host, h.adm, h.resp) // failed, and lost: its charge stays spent
+		h.cancel()
 		return h.kept(&first, plain)
 	}
 	drain(first.resp)
@@ -304,8 +307,10 @@ func (h *hedger) fire() {
 	}
 	h.resp, h.err, h.state = resp, err, hedgeOver
 	judge := call{t: t, ctx: h.callerCtx, req: h.req, retryIf: h.retryIf}
-	if h.won = !judge.retryable(&answer{resp: resp, err: err, now: t.clock.Now()}); h.won {
-		h.cancelFirst() // the caller waits in the first attempt: end it
+	if h.won = !judge.retryable(&answer{resp: resp, err: err, now: t.clock.Now()}); h.won && !h.firstIn {
+		// The caller waits in the first attempt: end it. One that answered
+		// already keeps its context, whose body the caller may get.
+		h.cancelFirst()
 	}
 	close(h.done)
 }
