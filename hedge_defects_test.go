@@ -113,49 +113,62 @@ func TestNilBodyIsNoBody(t *testing.T) {
 }
 
 // TestHedgeFinalFirstAnswerReturnsAtOnce: a first answer that parks the
-// host (503, Retry-After: 120) while the hedge still waits for its pace
-// slot comes back at once, body unread, and the unsent hedge is
-// abandoned: never sent, never reported.
+// host (503, Retry-After: 120) comes back at once, body unread: beside a
+// hedge that still waits for its pace slot, which is abandoned (never
+// sent, never reported), and beside a hedge in flight, which is cancelled.
 func TestHedgeFinalFirstAnswerReturnsAtOnce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		base := &slowBase{start: time.Now(), answer: func(n int) (time.Duration, *http.Response) {
-			h := http.Header{"Retry-After": {"120"}}
-			return 50 * time.Millisecond, &http.Response{StatusCode: 503, Header: h,
-				Body: io.NopCloser(strings.NewReader("busy")), ContentLength: 4}
-		}}
-		var hedges atomic.Int64
-		tr := New(WithBase(base), WithPace(0.1, 1), WithHedging(10*time.Millisecond),
-			WithOnRetry(func(ev RetryEvent) {
-				if ev.Hedge {
-					hedges.Add(1)
+	type result struct {
+		Code   int
+		Body   string
+		ReadOK bool
+		Took   time.Duration
+		Sent   int
+		Hedges int64
+	}
+	for _, tc := range []struct {
+		name string
+		opts []Option
+		want result
+	}{
+		{name: "hedge waiting for its slot", opts: []Option{WithPace(0.1, 1)},
+			want: result{503, "busy", true, 50 * time.Millisecond, 1, 0}},
+		{name: "hedge in flight",
+			want: result{503, "busy", true, 50 * time.Millisecond, 2, 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				base := &slowBase{start: time.Now(), answer: func(n int) (time.Duration, *http.Response) {
+					d := 50 * time.Millisecond
+					if n > 1 {
+						d = time.Minute // the hedge
+					}
+					h := http.Header{"Retry-After": {"120"}}
+					return d, &http.Response{StatusCode: 503, Header: h,
+						Body: io.NopCloser(strings.NewReader("busy")), ContentLength: 4}
+				}}
+				var hedges atomic.Int64
+				tr := New(append([]Option{WithBase(base), WithHedging(10 * time.Millisecond),
+					WithOnRetry(func(ev RetryEvent) {
+						if ev.Hedge {
+							hedges.Add(1)
+						}
+					})}, tc.opts...)...)
+				start := time.Now()
+				resp, err := getReq(t, tr, "http://parks.test/")
+				if err != nil {
+					t.Fatal(err)
 				}
-			}))
-		start := time.Now()
-		resp, err := getReq(t, tr, "http://parks.test/")
-		if err != nil {
-			t.Fatal(err)
-		}
-		took := time.Since(start)
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if diff := cmp.Diff(struct {
-			Code   int
-			Body   string
-			ReadOK bool
-			Took   time.Duration
-			Sent   int
-			Hedges int64
-		}{503, "busy", true, 50 * time.Millisecond, 1, 0}, struct {
-			Code   int
-			Body   string
-			ReadOK bool
-			Took   time.Duration
-			Sent   int
-			Hedges int64
-		}{resp.StatusCode, string(b), err == nil, took, len(base.arrivals()), hedges.Load()}); diff != "" {
-			t.Errorf("(-want +got)\n%s", diff)
-		}
-	})
+				took := time.Since(start)
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				synctest.Wait() // the cancelled hedge lets go
+				got := result{resp.StatusCode, string(b), err == nil, took, len(base.arrivals()), hedges.Load()}
+				if diff := cmp.Diff(tc.want, got); diff != "" {
+					t.Errorf("(-want +got)\n%s", diff)
+				}
+			})
+		})
+	}
 }
 
 // TestPaceGiveBackNeverShares: under WithPace(0.1, 1), a caller that gives
