@@ -36,7 +36,8 @@
 //	client := &http.Client{Transport: retryhttp.New()}
 //
 // The package keeps no global state and starts no goroutine that outlives
-// a request (a hedged request runs its attempts on goroutines of its own,
-// which end with it); it runs inside a testing/synctest bubble, where its
+// a request (a hedged request runs its first attempt on the caller's
+// goroutine and its hedge on a timer's, which ends with it, or, for a
+// hedge that lost in flight, as soon as its cancelled base lets go); it runs inside a testing/synctest bubble, where its
 // waits take no real time.
 package retryhttp

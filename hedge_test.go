@@ -201,3 +201,29 @@ func TestHedgeWinnerBodyLives(t *testing.T) {
 		}
 	})
 }
+
+// BenchmarkHedgeNoFire is the cost of hedging when no hedge is sent: the
+// in-memory base answers before any delay, beside the plain success path
+// through the same Transport without hedging.
+func BenchmarkHedgeNoFire(b *testing.B) {
+	get, _ := http.NewRequest("GET", "http://api.test/v1/x", nil)
+	for _, bc := range []struct {
+		name string
+		rt   http.RoundTripper
+	}{
+		{"plain", New(WithBase(memBase{}))},
+		{"hedge-fixed", New(WithBase(memBase{}), WithHedging(time.Second))},
+		{"hedge-learned", New(WithBase(memBase{}), WithHedging(0))},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, err := bc.rt.RoundTrip(get)
+				if err != nil || resp.StatusCode != 200 {
+					b.Fatal(err)
+				}
+				resp.Body.Close()
+			}
+		})
+	}
+}

@@ -1656,6 +1656,9 @@ func (c *call) observe(a *answer) bool {
 	}
 	a.refused = sig.Refused
 	if o := sig.outcome(); t.noLearning || (!tell && (o == accepted || o == saysNothing)) {
+		if t.noLearning {
+			c.latencyOnly(&sig, o, a.adm.report) // hedge.go: the learned hedge delay's latencies
+		}
 		return !plain
 	}
 	sig.Sent, sig.InFlight = t.sentLastSecond(now), int(t.inflight.Load())

@@ -282,8 +282,11 @@ func WithAutoIdempotencyKey() Option {
 // LLM completion or a search. Such a request is retried after a failure that
 // may have reached the server (a 500, a 503, a reset connection) as a PUT
 // would be. Off by default: a POST without an idempotency key is sent again
-// only when the server certainly did not act on it. f is asked only after a
-// failure, on the request's goroutine, and must not modify the request.
+// only when the server certainly did not act on it. f is asked after a
+// failure, and, under WithHedging, before the first attempt of a request
+// whose method and key do not make it safe (a hedge repeats a request that
+// has not failed), on the request's goroutine; it must not modify the
+// request.
 // Each WithSafeToRepeat adds a predicate; a request is safe when one says
 // so; nil adds none. PolicySafeToRepeat says the same of one request, or one
 // task, through its context.
@@ -315,15 +318,23 @@ func WithAttemptTimeout(d time.Duration) Option {
 // (its method or key, or WithSafeToRepeat, and a body that GetBody can give
 // again, or none) when its first attempt has not answered after delay; the
 // first answer that needs no retry wins, and the other attempt is cancelled
-// and its body closed. A hedge is an attempt like any: it waits for the
-// host's pace and parking, spends the retry budget (refunded when it wins,
-// so an outage is never doubled), carries its resend count, and is
-// reported to the OnRetry hooks with RetryEvent.Hedge set, and logged. A
-// request whose policy turns retries off is not hedged. delay 0 means
-// learned: from the latencies of the host's recent answers, their 95th
-// percentile and an eighth, never below 10 ms; a host with no answers yet
-// is not hedged. Off by default. The delay runs on the runtime's timers
-// (virtual inside a testing/synctest bubble), not on WithClock's clock.
+// and its body closed. A hedge is an attempt only once it is sent: until
+// then it holds no budget, no body (GetBody is called just before it
+// goes), no event and no pace slot, and a first answer that comes
+// meanwhile abandons it; a first answer that ends the call or parks the
+// host comes back at once. Once sent it went through the host's pace and
+// parking, spent the retry budget (refunded when it wins, so an outage is
+// never doubled), carries its resend count, and was reported to the
+// OnRetry hooks with RetryEvent.Hedge set, and logged, just before it
+// went (on the hedge's goroutine). A hedge due and not sent (budget,
+// parking, pace, GetBody) is reported to the OnGiveUp hooks with
+// RetryEvent.Hedge and its Reason, and logged. A request whose policy
+// turns retries off is not hedged. delay 0 means learned: from the
+// latencies of the host's recent answers, their 95th percentile and an
+// eighth, never below 50 ms; 250 ms while none are known; the latencies
+// are kept under WithLearning(false) too, for this alone. Off by default.
+// The delay runs on the runtime's timers (virtual inside a
+// testing/synctest bubble), not on WithClock's clock.
 func WithHedging(delay time.Duration) Option {
 	return func(c *config) {
 		c.hedging, c.hedgeDelay = true, max(delay, 0)

@@ -299,11 +299,11 @@ func (s *shard) reserve(st *hostState, a Attempt, pace Pace, horizon time.Durati
 	}
 	res := Reservation{OK: true, Delay: delay}
 	if delay > 0 {
-		interval := pace.interval()
+		interval, after := pace.interval(), st.tat
 		res.Cancel = func(now time.Time) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			st.giveBack(now, interval)
+			st.giveBack(now, interval, after)
 		}
 	}
 	return res
@@ -348,8 +348,15 @@ func (st *hostState) take(now time.Time, p Pace, latest time.Time, horizon time.
 	return delay, true
 }
 
-// giveBack returns a slot taken and not used, when it can still serve.
-func (st *hostState) giveBack(now time.Time, interval time.Duration) {
+// giveBack returns a slot taken and not used, when it can still serve:
+// only while it is the last one handed out (tat is still after, what its
+// take left). Once a later slot went, rewinding tat by an interval would
+// hand the later one out again, and two attempts would share it; the slot
+// is lost instead, a wait of one interval at most.
+func (st *hostState) giveBack(now time.Time, interval time.Duration, after time.Time) {
+	if !st.tat.Equal(after) {
+		return
+	}
 	if back := st.tat.Add(-interval); !back.Before(now) {
 		st.tat = back
 	}

@@ -38,7 +38,8 @@ type RetryEvent struct {
 	Reason Reason
 	// Hedge is set for a hedge (WithHedging): one more attempt sent beside
 	// the first, which has not failed but not answered after Delay;
-	// Status and Err are then zero.
+	// Status and Err are then zero. OnGiveUp gets one with Hedge set for a
+	// hedge that was due after Delay and not sent, Reason saying why.
 	Hedge bool
 }
 
@@ -99,6 +100,16 @@ func (e *RetryError) Error() string {
 
 // Unwrap returns the last try's error.
 func (e *RetryError) Unwrap() error { return e.Err }
+
+// Timeout reports whether the last try's error was a timeout (an attempt
+// timeout, a dial or header timeout of the base, a deadline): an
+// http.Client's *url.Error asks its cause's Timeout, and stops at the
+// first error that has one, so without it errors.As(err, &netErr) would
+// find a RetryError that never times out.
+func (e *RetryError) Timeout() bool {
+	var te interface{ Timeout() bool }
+	return errors.As(e.Err, &te) && te.Timeout()
+}
 
 // fail makes the error of a call whose try n ended in err, not retried for
 // reason (empty: the error is not worth a retry, or retries are off).
@@ -211,19 +222,42 @@ func (c *call) logAttrs(a *answer, attempt int) []slog.Attr {
 func seconds(d time.Duration) float64 { return math.Round(d.Seconds()*1000) / 1000 }
 
 // reportHedge tells the OnRetry hooks and the log of a hedge, sent beside
-// the first attempt that has not answered after delay.
-func (c *call) reportHedge(delay time.Duration) {
-	t := c.t
+// the first attempt that has not answered after delay: just before it
+// goes, on the hedge's goroutine.
+func (t *Transport) reportHedge(ctx context.Context, req *http.Request, key, host string, delay time.Duration) {
 	if len(t.onRetry) > 0 {
-		ev := RetryEvent{Request: c.req, Attempt: 1, Delay: delay, Key: c.key, Hedge: true}
+		ev := RetryEvent{Request: req, Attempt: 1, Delay: delay, Key: key, Hedge: true}
 		for _, hook := range t.onRetry {
 			hook(ev)
 		}
 	}
 	if t.logger != nil {
-		t.logger.LogAttrs(c.ctx, slog.LevelInfo, "retryhttp: hedging",
-			slog.String("method", methodOf(c.req)), slog.String("host", c.hostName()),
-			slog.String("path", pathOf(c.req)), slog.Float64("after", seconds(delay)))
+		t.logger.LogAttrs(ctx, slog.LevelInfo, "retryhttp: hedging",
+			slog.String("method", methodOf(req)), slog.String("host", host),
+			slog.String("path", pathOf(req)), slog.Float64("after", seconds(delay)))
+	}
+}
+
+// reportNoHedge tells the OnGiveUp hooks and the log of a hedge that was
+// due after delay and not sent, for reason (the budget, the host's
+// parking or pace, GetBody): every call slower than its hedge delay is
+// hedged, or says why not.
+func (t *Transport) reportNoHedge(ctx context.Context, req *http.Request, key, host string, delay time.Duration, reason Reason) {
+	if len(t.onGiveUp) > 0 {
+		ev := RetryEvent{Request: req, Attempt: 1, Delay: delay, Key: key, Reason: reason, Hedge: true}
+		for _, hook := range t.onGiveUp {
+			hook(ev)
+		}
+	}
+	if t.logger != nil {
+		level := slog.LevelInfo
+		if reason == ReasonBudget {
+			level = slog.LevelWarn
+		}
+		t.logger.LogAttrs(ctx, level, "retryhttp: not hedging",
+			slog.String("method", methodOf(req)), slog.String("host", host),
+			slog.String("path", pathOf(req)), slog.Float64("after", seconds(delay)),
+			slog.String("reason", string(reason)))
 	}
 }
 

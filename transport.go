@@ -239,15 +239,6 @@ func (c *call) uncharge() {
 	}
 }
 
-// keepCharge leaves the retry in flight's spending spent for good (a hedge
-// that lost): a later success does not refund it.
-func (c *call) keepCharge() {
-	if c.charged {
-		c.nSpent--
-		c.charged = false
-	}
-}
-
 // send makes one attempt through the base, and holds the base to the
 // RoundTripper contract.
 func (c *call) send(req *http.Request, n int, now time.Time) (*http.Response, error) {
@@ -293,6 +284,11 @@ func (t *Transport) roundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if err == nil && resp == nil {
 		err = errors.New("retryhttp: base RoundTripper returned neither a response nor an error")
+	}
+	if resp != nil && resp.Body == nil {
+		// A base may leave Body nil (an http.Client never does): the
+		// caller, and every wrapper of ours, reads and closes it (R19).
+		resp.Body = http.NoBody
 	}
 	return resp, err
 }
