@@ -15,7 +15,9 @@ sudo=""
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
 if ! have nginx || ! have haproxy; then
 	$sudo apt-get update -qq
-	$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light haproxy >/dev/null
+	# nginx-light where the distribution still has it (Debian 12), else nginx
+	$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light haproxy >/dev/null ||
+		$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx haproxy >/dev/null
 fi
 # The Debian packages start a system nginx and HAProxy; the suite does not
 # need them (it runs its own, on free loopback ports) and leaves them be.
