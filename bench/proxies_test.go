@@ -417,6 +417,7 @@ func startProxy(bin string, c proxyCell, dir string, upstreams []string) (*proxy
 			p.cmd.Stdout = out
 		}
 		p.cmd.Stderr = stderr
+		ownProcess(p.cmd)
 		if err := p.cmd.Start(); err != nil {
 			return nil, err
 		}
