@@ -197,11 +197,27 @@ func runSim(t *testing.T, d simDraw, seed uint64, trace bool) simRun {
 		// no setting changes.
 		var rmu sync.Mutex
 		rnd := rand.New(rand.NewPCG(seed, 24))
-		tr := New(WithBase(base), WithRand(func() float64 {
+		opts := []Option{WithBase(base), WithRand(func() float64 {
 			rmu.Lock()
 			defer rmu.Unlock()
 			return rnd.Float64()
-		}))
+		})}
+		if trace {
+			// A replay also logs each retry decision and why a call
+			// ends: an observer, which changes nothing that is sent.
+			opts = append(opts, WithOnRetry(func(ev RetryEvent) {
+				what := strconv.Itoa(ev.Status)
+				if ev.Err != nil {
+					what = ev.Err.Error()
+				}
+				next := "retry in " + ev.Delay.Round(time.Millisecond).String()
+				if ev.Reason != "" {
+					next = "no retry: " + string(ev.Reason)
+				}
+				base.trace.add("%9.3fs %s: try %d got %s, %s", time.Since(base.start).Seconds(), ev.Request.URL.Path, ev.Attempt, what, next)
+			}))
+		}
+		tr := New(opts...)
 		client := &http.Client{Transport: tr}
 		start := time.Now()
 		run.pages = make([]simPage, d.pages)
