@@ -337,6 +337,10 @@ func simFigures(d simDraw, r simRun) string {
 
 // simFamilySeed keys each family's draws apart: draw i of two families are
 // different hosts.
+func newSimRand(family string, seed uint64) *rand.Rand {
+	return rand.New(rand.NewPCG(seed, simFamilySeed(family)))
+}
+
 func simFamilySeed(name string) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(name))
@@ -385,7 +389,7 @@ func TestSim(t *testing.T) {
 
 // simReplay runs one draw and logs its parameters, figures and trace.
 func simReplay(t *testing.T, fam simFamily, seed uint64) {
-	d := fam.draw(rand.New(rand.NewPCG(seed, simFamilySeed(fam.name))))
+	d := fam.draw(newSimRand(fam.name, seed))
 	r := runSim(t, d, seed, true)
 	for _, l := range r.trace {
 		t.Log(l)
@@ -404,7 +408,7 @@ func simFamilyRun(t *testing.T, fam simFamily, draws int) {
 	missed := 0
 	for i := range draws {
 		seed := uint64(i)
-		d := fam.draw(rand.New(rand.NewPCG(seed, simFamilySeed(fam.name))))
+		d := fam.draw(newSimRand(fam.name, seed))
 		r := runSim(t, d, seed, false)
 		miss := simCheck(d, r)
 		if len(miss) == 0 {

@@ -136,7 +136,10 @@ func (h *simBucketHost) serve(ctx context.Context) simAnswer {
 	h.tokens = min(h.burst, h.tokens+now.Sub(h.last).Seconds()*rate)
 	h.last = now
 	a := simAnswer{status: http.StatusOK, header: http.Header{}}
-	if h.tokens >= 1-1e-9 {
+	// A microsecond's worth of a token is forgiven: time is counted in
+	// whole nanoseconds, and a client sending at exactly the rate would
+	// otherwise be refused for their rounding.
+	if h.tokens >= 1-1e-6 {
 		h.tokens--
 	} else {
 		a.status = h.code
@@ -611,21 +614,23 @@ var simFamilies = []simFamily{
 }
 
 // simKnownMisses are the families the host model of 2026-12-01 (commit
-// 9f29470) misses (see simKnownMiss), with the typical miss over 200 draws
-// each and a seed that shows it. outageRefused is not here: it passed all.
+// 9f29470) misses (see simKnownMiss): how many of 200 draws (a run's
+// goroutine order moves a count by a few), the typical miss as its replay's
+// trace shows it, and that replay's seed. outageRefused is not here: it
+// passed all 200.
 var simKnownMisses = map[string]simKnownMiss{
-	"bucket429":           {"52/200: the pace learned from the first 429s starts far under the rate and grows slowly (2/s for 7 s of an 11/s bucket): 1.3-1.6x ideal", 11},
-	"bucketHeaders":       {"14/200: a 1/s quota with an epoch reset is sent to a second past each reset, half its rate: 1.9x ideal, 30 s calls", 7},
-	"bucket503RetryAfter": {"182/200: a 503 naming its wait parks the host and teaches no pace: every worker again at each second, pages lost at ~1.9 requests a page", 0},
-	"bucket503Bare":       {"117/200: nginx limit_req's bare 503 is not taken for load: half refused throughout, ~2 % of pages lost at 1.5 requests a page", 2},
-	"fixedWindow":         {"33/200: a spent fixed window, whole again a second after its reset, is paced at quota/window instead of sent at once: 2.1x ideal", 6},
-	"slidingWeighted":     {"117/200: paced near the rate of an httprate count, each of its refusals parks the host for the whole window it names: 1.3-1.8x ideal", 0},
-	"slidingLog":          {"117/200: paced at a log's rate, a refusal every few seconds parks the host for a second: 1.3-1.4x ideal", 2},
-	"slidingCounting":     {"94/200: a count of its own refusals is held over its limit by the retries and the probes (13 s with nothing got), twice: 2.6x ideal, pages lost", 1},
+	"bucket429":           {"56/200: the pace learned from the first 429s starts far under the rate and grows slowly (2/s for 7 s of an 11/s bucket): 1.3-1.6x ideal", 11},
+	"bucketHeaders":       {"13/200: a 1/s quota with an epoch reset is sent to a second past each reset, half its rate: 1.9x ideal, 30 s calls", 7},
+	"bucket503RetryAfter": {"183/200: a 503 naming its wait parks the host and teaches no pace: every worker again at each second, pages lost at ~1.9 requests a page", 0},
+	"bucket503Bare":       {"114/200: nginx limit_req's bare 503 is not taken for load: half refused throughout, ~2 % of pages lost at 1.5 requests a page", 2},
+	"fixedWindow":         {"34/200: a spent fixed window, whole again a second after its reset, is paced at quota/window instead of sent at once: 2.1x ideal", 6},
+	"slidingWeighted":     {"116/200: paced near the rate of an httprate count, each of its refusals parks the host for the whole window it names: 1.3-1.8x ideal", 0},
+	"slidingLog":          {"118/200: paced at a log's rate, a refusal every few seconds parks the host for a second: 1.3-1.4x ideal", 2},
+	"slidingCounting":     {"93/200: a count of its own refusals is held over its limit by the retries and the probes (13 s with nothing got), twice: 2.6x ideal, pages lost", 1},
 	"inFlight":            {"102/200: more than the slots are sent now and then, 3 503s in a row lose a page; or one slot's 429s are paced as a rate, slowly grown: 1.5x ideal", 0},
-	"inFlightQueue":       {"64/200: past slots and queue for the first 10 s: the 503s cost pages (3 in a row) before a limit in flight is held", 4},
-	"randomFailures":      {"51/200: over ~50 % failures most pages get one try, their retries withheld with no RetryEvent saying why: pages a perfect client gets are lost", 16},
-	"outage503":           {"11/200: an outage of 503s is taken for overload, and the host is paced at 1/s after it (7/s before): 4x ideal, a 48 s call", 3},
-	"capacityChange":      {"51/200: the pace starts at ~1/s and grows slowly (10/s after 20 s of a 14/s bucket), so the change barely matters: 1.8x ideal", 7},
-	"bucketFlakyReplica":  {"101/200: the replica's failures are taken for load: a 12/s bucket is paced at 7-8/s: 1.3-1.5x ideal", 0},
+	"inFlightQueue":       {"63/200: past slots and queue for the first 10 s: the 503s cost pages (3 in a row) before a limit in flight is held", 4},
+	"randomFailures":      {"53/200: over ~50 % failures most pages get one try, their retries withheld with no RetryEvent saying why: pages a perfect client gets are lost", 16},
+	"outage503":           {"10/200: an outage of 503s is taken for overload, and the host is paced at 1/s after it (7/s before): 4x ideal, a 48 s call", 3},
+	"capacityChange":      {"52/200: the pace starts at ~1/s and grows slowly (10/s after 20 s of a 14/s bucket), so the change barely matters: 1.8x ideal", 7},
+	"bucketFlakyReplica":  {"106/200: the replica's failures are taken for load: a 12/s bucket is paced at 7-8/s: 1.3-1.5x ideal", 0},
 }
