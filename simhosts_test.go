@@ -631,6 +631,6 @@ var simKnownMisses = map[string]simKnownMiss{
 	"inFlightQueue":       {"63/200: past slots and queue for the first 10 s: the 503s cost pages (3 in a row) before a limit in flight is held", 4},
 	"randomFailures":      {"53/200: over ~50 % failures most pages get one try, their retries withheld with no RetryEvent saying why: pages a perfect client gets are lost", 16},
 	"outage503":           {"10/200: an outage of 503s is taken for overload, and the host is paced at 1/s after it (7/s before): 4x ideal, a 48 s call", 3},
-	"capacityChange":      {"52/200: the pace starts at ~1/s and grows slowly (10/s after 20 s of a 14/s bucket), so the change barely matters: 1.8x ideal", 7},
+	"capacityChange":      {"52/200: a rise is not found (1/s to 4/s at 15 s: still 1/s to the end, 2.3x ideal); a cut can collapse the pace (14/s to 8/s: 1/s for 4 min, seed 7)", 6},
 	"bucketFlakyReplica":  {"106/200: the replica's failures are taken for load: a 12/s bucket is paced at 7-8/s: 1.3-1.5x ideal", 0},
 }
