@@ -444,6 +444,19 @@ func simFamilyRun(t *testing.T, fam simFamily, draws int) {
 	}
 	slices.Sort(ks)
 	t.Logf("%s: %d of %d draws miss: %s", fam.name, missed, draws, strings.Join(ks, ", "))
+	// The README's row for the family: the most common kind of miss is
+	// the typical one, with the first seed that shows it.
+	typical := "none"
+	if missed > 0 {
+		top := ""
+		for k, n := range kinds {
+			if n > kinds[top] || n == kinds[top] && k < top {
+				top = k
+			}
+		}
+		typical = fmt.Sprintf("%s (%d), seed %d", top, kinds[top], firstSeed[top])
+	}
+	t.Logf("| %s | %s | %d | %d | %s |", fam.name, fam.ranges, draws, missed, typical)
 	if isKnown && missed == 0 {
 		t.Logf("%s now passes every draw: remove it from simKnownMisses (%s)", fam.name, known.reason)
 	}
