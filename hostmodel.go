@@ -315,7 +315,7 @@ func noOrigin(status int) bool {
 // limits reports a refusal by which the host says it limits the rate: a
 // 429, or a 403 that refuses for a quota (as GitHub sends).
 func (s *Signal) limits() bool {
-	return s.Refused && (s.Status == http.StatusTooManyRequests || s.Status == http.StatusForbidden)
+	return s.Refused && (s.Status == http.StatusTooManyRequests || s.Status == http.StatusForbidden || s.Wait > 0)
 }
 
 // statusOverloaded is Anthropic's "overloaded", a 503 of its own.
@@ -1718,8 +1718,12 @@ func (c *call) readWaits(a *answer, h http.Header, quota bool, sig *Signal) {
 		}
 	}
 	limited := code == http.StatusTooManyRequests || (!scoped && quotaRefusal(resp, now)) // the host says it limits the rate
-	sig.Refused = limited || ((code == http.StatusServiceUnavailable || code == statusOverloaded) && !a.named)
-	if limited && a.named {
+	// A 503 or 529 is a refusal too: bare (nginx's limit_req, a full
+	// queue), or naming when to come back, which says the host limits
+	// what it takes as a 429 does.
+	busy := code == http.StatusServiceUnavailable || code == statusOverloaded
+	sig.Refused = limited || busy
+	if (limited || busy) && a.named {
 		sig.Wait = max(a.wait, t.raFloor)
 	}
 	sig.Limit, sig.Window, sig.Reset, sig.Remaining = q.limit, q.window, q.reset, q.remaining

@@ -486,7 +486,7 @@ func TestConfiguredPaceBrokenReplicaNotDown(t *testing.T) {
 				tr := New(WithBase(net.tr), WithPace(20, 1))
 				out := runPages(t, tr, "http://rr.test", 10, 200)
 				t.Logf("%d: %+v, %d requests", status, out, host.requests.Load())
-				if out.down > 0 || out.served < 185 { // 3 tries get about 193 of 200 from a member in three broken
+				if out.down > 0 || out.served < 180 { // 3 tries get about 193 of 200 (sd 2.7) from a member in three broken
 					t.Errorf("%d pages served, %d failed with ErrHostDown; want every page, none down", out.served, out.down)
 				}
 			})
