@@ -426,6 +426,9 @@ func startProxy(bin string, c proxyCell, dir string, upstreams []string) (*proxy
 			p.stop()
 			lastErr = err
 			if strings.Contains(err.Error(), "in use") {
+				// The next try's error log must hold its own errors
+				// only: the cell reads it for [emerg] lines.
+				os.Remove(filepath.Join(dir, "error.log"))
 				continue
 			}
 			return nil, err
