@@ -723,7 +723,8 @@ func (memBase) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // BenchmarkRoundTrip is the success path: the bare in-memory base, and the
-// same through a Transport with the defaults, GET and POST.
+// same through a Transport with the defaults, GET and POST; and a GET to a
+// host that holds a record (one 503 earlier), against one that does not.
 func BenchmarkRoundTrip(b *testing.B) {
 	get, _ := http.NewRequest("GET", "http://api.test/v1/x", nil)
 	post, _ := http.NewRequest("POST", "http://api.test/v1/x", strings.NewReader(strings.Repeat("x", 1024)))
@@ -735,6 +736,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		{"GET/bare", memBase{}, get},
 		{"GET/retryhttp", New(WithBase(memBase{})), get},
 		{"GET/retryhttp-nested-mark", New(WithBase(&countingBase{base: memBase{}})), get},
+		{"GET/retryhttp-record", withRecord(b, get), get},
 		{"POST/bare", memBase{}, post},
 		{"POST/retryhttp", New(WithBase(memBase{})), post},
 	} {
@@ -748,4 +750,22 @@ func BenchmarkRoundTrip(b *testing.B) {
 			}
 		})
 	}
+}
+
+// withRecord returns a Transport with the defaults whose host of req
+// answered one 503 (not retried): the host holds a record of the model
+// for the next minute.
+func withRecord(b *testing.B, req *http.Request) *Transport {
+	var once atomic.Bool
+	tr := New(WithBase(roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if once.CompareAndSwap(false, true) {
+			return &http.Response{StatusCode: 503, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+		}
+		return memBase{}.RoundTrip(r)
+	})))
+	resp, err := tr.RoundTrip(req.WithContext(ContextWithPolicy(context.Background(), PolicyNoRetry())))
+	if err != nil || resp.StatusCode != 503 {
+		b.Fatalf("warm-up: %v %v", resp, err)
+	}
+	return tr
 }
