@@ -91,8 +91,14 @@ type Limiter struct {
 	stale   bool
 	mem     memory
 	start   time.Time // origin of the clock readings below
-	servers []*server // one, or a Ring's shards
-	shards  shardClients
+	servers []*server // one, or a Ring's shards; none for a Cluster
+	// A Cluster's servers, one per hash slot (see cluster.go).
+	cluster  *redis.ClusterClient
+	slots    *[clusterSlots]atomic.Pointer[server]
+	slotMu   sync.Mutex
+	failing  map[*server]struct{} // the slots failing, guarded by slotMu
+	watching atomic.Bool          // watchSlots runs
+	shards   shardClients
 
 	warnedAt atomic.Int64 // the last warning, in ns since start
 	unsaid   atomic.Bool  // a warning was logged and its recovery not yet
@@ -167,7 +173,9 @@ func WithFallbackShare(n int) Option {
 
 // New returns a Limiter that keeps its state in rdb, which may be a
 // *redis.Client, a *redis.ClusterClient (each host is a single key, so every
-// script runs on one slot), a failover client or a *redis.Ring. With a Ring
+// script runs on one slot; each slot fails and comes back on its own, and
+// while one fails the Limiter has go-redis reload the slot map, so that a
+// replica promoted is used at once), a failover client or a *redis.Ring. With a Ring
 // the Limiter places each host on one of the shards the Ring was made with
 // (RingOptions.Addrs) itself, and calls that shard's client: a dead shard is
 // then an outage for its hosts, not a move to a shard that knows nothing of
@@ -196,11 +204,12 @@ func New(rdb redis.UniversalClient, opts ...Option) *Limiter {
 	l.win = us(l.probe + 2*l.timeout)
 	l.direct = contextAware(rdb)
 	l.servers = newServers(rdb, l.prefix)
-	switch rdb.(type) {
+	switch c := rdb.(type) {
 	case *redis.Client:
 		l.channel, l.stale = l.prefix+"parked", true
 	case *redis.ClusterClient:
 		l.channel = l.prefix + "parked"
+		l.cluster, l.slots, l.failing = c, new([clusterSlots]atomic.Pointer[server]), make(map[*server]struct{})
 	case *redis.Ring:
 		l.channel, l.publish, l.stale = l.prefix+"parked", true, true
 	}
@@ -223,6 +232,15 @@ func (l *Limiter) Fallback() bool {
 	for _, s := range l.servers {
 		if s.down.Load() {
 			return true
+		}
+	}
+	if l.slots != nil {
+		l.slotMu.Lock()
+		defer l.slotMu.Unlock()
+		for s := range l.failing {
+			if s.down.Load() {
+				return true
+			}
 		}
 	}
 	return false
