@@ -90,6 +90,7 @@ type Limiter struct {
 	// are refused (not with a Cluster, whose nodes' clocks differ).
 	stale   bool
 	mem     memory
+	free    freeHosts // hosts with no pace that need nothing (see free.go)
 	start   time.Time // origin of the clock readings below
 	servers []*server // one, or a Ring's shards; none for a Cluster
 	// A Cluster's servers, one per hash slot (see cluster.go).
@@ -115,9 +116,12 @@ type Limiter struct {
 	ctx    context.Context // ended by Close
 	cancel context.CancelFunc
 	closed atomic.Bool
-	mu     sync.Mutex     // guards wg.Add against Close, and ps
+	mu     sync.Mutex     // guards wg.Add against Close
 	wg     sync.WaitGroup // the goroutines Close waits for
-	ps     *redis.PubSub
+	// psMu guards ps against Close. Not mu: subscribing takes round
+	// trips, and spawn, on requests' path, must not wait for them.
+	psMu sync.Mutex
+	ps   *redis.PubSub
 }
 
 var _ retryhttp.Limiter = (*Limiter)(nil)
@@ -263,10 +267,12 @@ func (l *Limiter) Close() error {
 		return nil
 	}
 	l.cancel()
+	l.mu.Unlock()
+	l.psMu.Lock()
 	if l.ps != nil {
 		l.ps.Close() // ends a read the listener is blocked in
 	}
-	l.mu.Unlock()
+	l.psMu.Unlock()
 	l.wg.Wait()
 	return nil
 }
@@ -320,6 +326,9 @@ func (l *Limiter) Reserve(ctx context.Context, a retryhttp.Attempt) (retryhttp.R
 			return retryhttp.Reservation{AskAgain: own}, nil
 		}
 	}
+	if a.Pace.Unlimited() && l.rdb != nil && !srv.down.Load() && l.freeReserve(srv, a) {
+		return retryhttp.Reservation{OK: true}, nil
+	}
 	if !l.useRedis(srv) {
 		return l.local(srv, a, 0), nil
 	}
@@ -340,6 +349,9 @@ func (l *Limiter) Reserve(ctx context.Context, a retryhttp.Attempt) (retryhttp.R
 		// slots it handed out in process have passed.
 		a.Now = a.Now.Add(elapsed)
 		return l.Reserve(ctx, a)
+	}
+	if a.Pace.Unlimited() {
+		l.heardFree(a.Host, res)
 	}
 	return l.reservation(srv, a, res, elapsed), nil
 }
