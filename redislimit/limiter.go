@@ -80,6 +80,7 @@ type Limiter struct {
 	// on the host's shard, where no one listens.
 	publish bool
 	id      string // this Limiter among the processes sharing a host
+	idArg   any    // id, boxed once for the scripts' arguments
 	timeout time.Duration
 	probe   time.Duration
 	logger  *slog.Logger
@@ -221,6 +222,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Limiter {
 	var b [6]byte
 	rand.Read(b[:])
 	l.id = fmt.Sprintf("%016x", l.start.UnixMicro()) + hex.EncodeToString(b[:])
+	l.idArg = l.id
 	l.warnedAt.Store(math.MinInt64 / 2)
 	l.peers.Store(1)
 	l.ctx, l.cancel = context.WithCancel(context.Background())
@@ -455,46 +457,63 @@ func (l *Limiter) reserveArgs(srv *server, a retryhttp.Attempt, p prep, sent int
 	if !a.Pace.Unlimited() {
 		interval, burst = gcra(a.Pace)
 	}
-	bound := "" // no bound
+	// Numbers go as int64: go-redis writes them in decimal, as the
+	// scripts read them, without a string made for each.
+	bound := argEmpty // no bound
 	if !a.Latest.IsZero() {
 		if d := a.Latest.Sub(a.Now); d >= 0 {
-			bound = strconv.FormatInt(us(d), 10)
+			bound = us(d)
 		} else {
-			bound = "-1" // no slot is early enough, not even one now
+			bound = argMinusOne // no slot is early enough, not even one now
 		}
 	}
-	ahead, mode, id, beat, flag := "", "", "", "", ""
+	// The arguments that are one of a few strings are boxed once (see
+	// argEmpty): a string boxed afresh is an allocation per call.
+	var ahead any = argEmpty
+	mode, id, beat, flag := argEmpty, argEmpty, argEmpty, argEmpty
 	timeout := l.timeout
 	if a.CheckOnly {
-		mode, timeout = "c", min(l.timeout, checkTimeout)
+		mode, timeout = argCheck, min(l.timeout, checkTimeout)
 	} else {
 		if p.ahead > 0 {
-			ahead = strconv.FormatInt(us(min(p.ahead, aheadFloor)), 10)
+			ahead = us(min(p.ahead, aheadFloor))
 		}
 		if srv.down.Load() {
-			mode = "p" // a probe
+			mode = argProbe // a probe
 		}
-		id = l.id
+		id = l.idArg
 		if p.beat {
-			beat = "1"
+			beat = argOne
 		}
 		switch {
 		case p.had:
-			flag = "h"
+			flag = argHad
 		case p.knew:
-			flag = "k"
+			flag = argKnew
 		case p.waited:
-			flag = "w"
+			flag = argWaited
 		}
 	}
 	by, pby, late := l.bounds(srv, sent, timeout, p.dl)
-	known := ""
-	if k, ok := srv.known.Load().(string); ok {
-		known = k
+	known := srv.known.Load() // a string, boxed when stored
+	if known == nil {
+		known = argEmpty
 	}
 	return []any{us(interval), burst, bound, ahead, mode, id, l.win, beat, us(p.dl),
 		by, pby, known, flag, p.share}, late
 }
+
+// Arguments of the reserve script boxed once.
+var (
+	argEmpty    any = ""
+	argMinusOne any = "-1"
+	argCheck    any = "c"
+	argProbe    any = "p"
+	argOne      any = "1"
+	argHad      any = "h"
+	argKnew     any = "k"
+	argWaited   any = "w"
+)
 
 // bounds are a call's bounds on srv's clock, for a call sent at sent (µs
 // since the Limiter's start) and given timeout: after by it is stale and
@@ -503,17 +522,17 @@ func (l *Limiter) reserveArgs(srv *server, a retryhttp.Attempt, p prep, sent int
 // Without an estimate of the server's clock (no answer yet, or a Cluster)
 // there are no bounds, and a failed call is taken to run within the
 // timeout.
-func (l *Limiter) bounds(srv *server, sent int64, timeout, dl time.Duration) (by, pby string, late time.Duration) {
+func (l *Limiter) bounds(srv *server, sent int64, timeout, dl time.Duration) (by, pby any, late time.Duration) {
 	if !l.stale {
-		return "", "", timeout + dl
+		return argEmpty, argEmpty, timeout + dl
 	}
 	off, rtt, ok := srv.clock.offset()
 	if !ok {
-		return "", "", timeout + dl
+		return argEmpty, argEmpty, timeout + dl
 	}
 	lag := min(presenceLate, timeout)
-	by = strconv.FormatInt(sent+off+us(timeout)+1000, 10)
-	pby = strconv.FormatInt(sent+off+us(lag), 10)
+	by = sent + off + us(timeout) + 1000
+	pby = sent + off + us(lag)
 	return by, pby, lag + time.Duration(rtt)*time.Microsecond + dl
 }
 
