@@ -2,7 +2,6 @@ package redislimit
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"strconv"
 	"time"
@@ -66,8 +65,6 @@ func (l *Limiter) fail(srv *server, err error) {
 	if !srv.down.Load() && srv.down.CompareAndSwap(false, true) {
 		srv.downAt.Store(now)
 	}
-	srv.slow.Store(errors.Is(err, errTimeout) || errorsIsTimeout(err))
-	srv.inTime.Store(0)
 	l.slotFailed(srv)
 	if l.logger == nil {
 		return
@@ -85,11 +82,6 @@ func (l *Limiter) fail(srv *server, err error) {
 		"redislimit: Redis failed; pacing in process until it answers (hosts first met meanwhile wait for it)", attrs...)
 }
 
-// slowBack is how many probes in a row must be answered in time, after
-// the server fell back for answering late, before the Limiter goes back to
-// it, unless one is answered within half the timeout.
-const slowBack = 5
-
 // answered records a call that srv answered: back to Redis, if the
 // Limiter was pacing its hosts in process.
 func (l *Limiter) answered(srv *server) {
@@ -99,19 +91,7 @@ func (l *Limiter) answered(srv *server) {
 		}
 		l.spawn(l.checkPolicy)
 	}
-	if !srv.down.Load() {
-		return
-	}
-	if srv.slow.Load() && time.Duration(srv.lastRTT.Load()) >= l.timeout/2 && srv.inTime.Add(1) < slowBack {
-		// Down for answering late, and answered near the bound again:
-		// a link about as slow as the timeout, on which one call in two
-		// or so comes in time. Going back now would fall back again at
-		// the next late call, paying the switch each time (the slots
-		// held out of the others' way); so back only on an answer well
-		// within the bound, or on slowBack answered in time in a row.
-		return
-	}
-	if !srv.down.CompareAndSwap(true, false) {
+	if !srv.down.Load() || !srv.down.CompareAndSwap(true, false) {
 		return
 	}
 	l.slotAnswered(srv)

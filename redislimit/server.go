@@ -35,14 +35,7 @@ type server struct {
 	known    atomic.Value // epoch as the string the scripts are given
 	epochAt  atomic.Int64
 	flushing atomic.Bool // a hand-over of parkings to it is under way
-	// slow: it last failed by not answering in time (not by refusing
-	// a connection, nor by an error); inTime counts the calls answered
-	// in time since, while it is down, and lastRTT is the round trip of
-	// the latest call answered, in ns (see answered).
-	slow    atomic.Bool
-	inTime  atomic.Int32
-	lastRTT atomic.Int64
-	clock   clockEstimate
+	clock    clockEstimate
 }
 
 // A Ring moves a dead shard's keys to the shards left, where nothing is
