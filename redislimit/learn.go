@@ -32,6 +32,11 @@ func (l *Limiter) learnPace(ctx context.Context, host string, sig retryhttp.Sign
 	if l.closed.Load() {
 		return retryhttp.Pace{}, ErrClosed
 	}
+	if sig.Failed || sig.Refused || sig.Down != nil || sig.Limit > 0 {
+		// What Redis said of the host may change with this: its next
+		// request asks (see freeReserve).
+		l.free.forget(host)
+	}
 	srv := l.serverFor(host)
 	if !l.useRedis(srv) {
 		return l.mem.learn(host, sig), nil

@@ -80,6 +80,7 @@ type Limiter struct {
 	// on the host's shard, where no one listens.
 	publish bool
 	id      string // this Limiter among the processes sharing a host
+	idArg   any    // id, boxed once for the scripts' arguments
 	timeout time.Duration
 	probe   time.Duration
 	logger  *slog.Logger
@@ -90,9 +91,16 @@ type Limiter struct {
 	// are refused (not with a Cluster, whose nodes' clocks differ).
 	stale   bool
 	mem     memory
+	free    freeHosts // hosts with no pace that need nothing (see free.go)
 	start   time.Time // origin of the clock readings below
-	servers []*server // one, or a Ring's shards
-	shards  shardClients
+	servers []*server // one, or a Ring's shards; none for a Cluster
+	// A Cluster's servers, one per hash slot (see cluster.go).
+	cluster  *redis.ClusterClient
+	slots    *[clusterSlots]atomic.Pointer[server]
+	slotMu   sync.Mutex
+	failing  map[*server]struct{} // the slots failing, guarded by slotMu
+	watching atomic.Bool          // watchSlots runs
+	shards   shardClients
 
 	warnedAt atomic.Int64 // the last warning, in ns since start
 	unsaid   atomic.Bool  // a warning was logged and its recovery not yet
@@ -109,9 +117,12 @@ type Limiter struct {
 	ctx    context.Context // ended by Close
 	cancel context.CancelFunc
 	closed atomic.Bool
-	mu     sync.Mutex     // guards wg.Add against Close, and ps
+	mu     sync.Mutex     // guards wg.Add against Close
 	wg     sync.WaitGroup // the goroutines Close waits for
-	ps     *redis.PubSub
+	// psMu guards ps against Close. Not mu: subscribing takes round
+	// trips, and spawn, on requests' path, must not wait for them.
+	psMu sync.Mutex
+	ps   *redis.PubSub
 }
 
 var _ retryhttp.Limiter = (*Limiter)(nil)
@@ -167,7 +178,9 @@ func WithFallbackShare(n int) Option {
 
 // New returns a Limiter that keeps its state in rdb, which may be a
 // *redis.Client, a *redis.ClusterClient (each host is a single key, so every
-// script runs on one slot), a failover client or a *redis.Ring. With a Ring
+// script runs on one slot; each slot fails and comes back on its own, and
+// while one fails the Limiter has go-redis reload the slot map, so that a
+// replica promoted is used at once), a failover client or a *redis.Ring. With a Ring
 // the Limiter places each host on one of the shards the Ring was made with
 // (RingOptions.Addrs) itself, and calls that shard's client: a dead shard is
 // then an outage for its hosts, not a move to a shard that knows nothing of
@@ -196,11 +209,12 @@ func New(rdb redis.UniversalClient, opts ...Option) *Limiter {
 	l.win = us(l.probe + 2*l.timeout)
 	l.direct = contextAware(rdb)
 	l.servers = newServers(rdb, l.prefix)
-	switch rdb.(type) {
+	switch c := rdb.(type) {
 	case *redis.Client:
 		l.channel, l.stale = l.prefix+"parked", true
 	case *redis.ClusterClient:
 		l.channel = l.prefix + "parked"
+		l.cluster, l.slots, l.failing = c, new([clusterSlots]atomic.Pointer[server]), make(map[*server]struct{})
 	case *redis.Ring:
 		l.channel, l.publish, l.stale = l.prefix+"parked", true, true
 	}
@@ -208,6 +222,7 @@ func New(rdb redis.UniversalClient, opts ...Option) *Limiter {
 	var b [6]byte
 	rand.Read(b[:])
 	l.id = fmt.Sprintf("%016x", l.start.UnixMicro()) + hex.EncodeToString(b[:])
+	l.idArg = l.id
 	l.warnedAt.Store(math.MinInt64 / 2)
 	l.peers.Store(1)
 	l.ctx, l.cancel = context.WithCancel(context.Background())
@@ -223,6 +238,15 @@ func (l *Limiter) Fallback() bool {
 	for _, s := range l.servers {
 		if s.down.Load() {
 			return true
+		}
+	}
+	if l.slots != nil {
+		l.slotMu.Lock()
+		defer l.slotMu.Unlock()
+		for s := range l.failing {
+			if s.down.Load() {
+				return true
+			}
 		}
 	}
 	return false
@@ -245,10 +269,12 @@ func (l *Limiter) Close() error {
 		return nil
 	}
 	l.cancel()
+	l.mu.Unlock()
+	l.psMu.Lock()
 	if l.ps != nil {
 		l.ps.Close() // ends a read the listener is blocked in
 	}
-	l.mu.Unlock()
+	l.psMu.Unlock()
 	l.wg.Wait()
 	return nil
 }
@@ -302,6 +328,9 @@ func (l *Limiter) Reserve(ctx context.Context, a retryhttp.Attempt) (retryhttp.R
 			return retryhttp.Reservation{AskAgain: own}, nil
 		}
 	}
+	if a.Pace.Unlimited() && l.rdb != nil && !srv.down.Load() && l.freeReserve(srv, a) {
+		return retryhttp.Reservation{OK: true}, nil
+	}
 	if !l.useRedis(srv) {
 		return l.local(srv, a, 0), nil
 	}
@@ -322,6 +351,9 @@ func (l *Limiter) Reserve(ctx context.Context, a retryhttp.Attempt) (retryhttp.R
 		// slots it handed out in process have passed.
 		a.Now = a.Now.Add(elapsed)
 		return l.Reserve(ctx, a)
+	}
+	if a.Pace.Unlimited() {
+		l.heardFree(a.Host, res)
 	}
 	return l.reservation(srv, a, res, elapsed), nil
 }
@@ -425,46 +457,63 @@ func (l *Limiter) reserveArgs(srv *server, a retryhttp.Attempt, p prep, sent int
 	if !a.Pace.Unlimited() {
 		interval, burst = gcra(a.Pace)
 	}
-	bound := "" // no bound
+	// Numbers go as int64: go-redis writes them in decimal, as the
+	// scripts read them, without a string made for each.
+	bound := argEmpty // no bound
 	if !a.Latest.IsZero() {
 		if d := a.Latest.Sub(a.Now); d >= 0 {
-			bound = strconv.FormatInt(us(d), 10)
+			bound = us(d)
 		} else {
-			bound = "-1" // no slot is early enough, not even one now
+			bound = argMinusOne // no slot is early enough, not even one now
 		}
 	}
-	ahead, mode, id, beat, flag := "", "", "", "", ""
+	// The arguments that are one of a few strings are boxed once (see
+	// argEmpty): a string boxed afresh is an allocation per call.
+	var ahead any = argEmpty
+	mode, id, beat, flag := argEmpty, argEmpty, argEmpty, argEmpty
 	timeout := l.timeout
 	if a.CheckOnly {
-		mode, timeout = "c", min(l.timeout, checkTimeout)
+		mode, timeout = argCheck, min(l.timeout, checkTimeout)
 	} else {
 		if p.ahead > 0 {
-			ahead = strconv.FormatInt(us(min(p.ahead, aheadFloor)), 10)
+			ahead = us(min(p.ahead, aheadFloor))
 		}
 		if srv.down.Load() {
-			mode = "p" // a probe
+			mode = argProbe // a probe
 		}
-		id = l.id
+		id = l.idArg
 		if p.beat {
-			beat = "1"
+			beat = argOne
 		}
 		switch {
 		case p.had:
-			flag = "h"
+			flag = argHad
 		case p.knew:
-			flag = "k"
+			flag = argKnew
 		case p.waited:
-			flag = "w"
+			flag = argWaited
 		}
 	}
 	by, pby, late := l.bounds(srv, sent, timeout, p.dl)
-	known := ""
-	if k, ok := srv.known.Load().(string); ok {
-		known = k
+	known := srv.known.Load() // a string, boxed when stored
+	if known == nil {
+		known = argEmpty
 	}
 	return []any{us(interval), burst, bound, ahead, mode, id, l.win, beat, us(p.dl),
 		by, pby, known, flag, p.share}, late
 }
+
+// Arguments of the reserve script boxed once.
+var (
+	argEmpty    any = ""
+	argMinusOne any = "-1"
+	argCheck    any = "c"
+	argProbe    any = "p"
+	argOne      any = "1"
+	argHad      any = "h"
+	argKnew     any = "k"
+	argWaited   any = "w"
+)
 
 // bounds are a call's bounds on srv's clock, for a call sent at sent (µs
 // since the Limiter's start) and given timeout: after by it is stale and
@@ -473,17 +522,17 @@ func (l *Limiter) reserveArgs(srv *server, a retryhttp.Attempt, p prep, sent int
 // Without an estimate of the server's clock (no answer yet, or a Cluster)
 // there are no bounds, and a failed call is taken to run within the
 // timeout.
-func (l *Limiter) bounds(srv *server, sent int64, timeout, dl time.Duration) (by, pby string, late time.Duration) {
+func (l *Limiter) bounds(srv *server, sent int64, timeout, dl time.Duration) (by, pby any, late time.Duration) {
 	if !l.stale {
-		return "", "", timeout + dl
+		return argEmpty, argEmpty, timeout + dl
 	}
 	off, rtt, ok := srv.clock.offset()
 	if !ok {
-		return "", "", timeout + dl
+		return argEmpty, argEmpty, timeout + dl
 	}
 	lag := min(presenceLate, timeout)
-	by = strconv.FormatInt(sent+off+us(timeout)+1000, 10)
-	pby = strconv.FormatInt(sent+off+us(lag), 10)
+	by = sent + off + us(timeout) + 1000
+	pby = sent + off + us(lag)
 	return by, pby, lag + time.Duration(rtt)*time.Microsecond + dl
 }
 

@@ -35,14 +35,14 @@ func (l *Limiter) listen() {
 			}
 			continue
 		}
-		l.mu.Lock()
+		l.psMu.Lock()
 		if l.closed.Load() {
-			l.mu.Unlock()
+			l.psMu.Unlock()
 			return
 		}
 		ps := sub.Subscribe(l.ctx, l.channel)
 		l.ps = ps
-		l.mu.Unlock()
+		l.psMu.Unlock()
 		stop := l.receive(ps, &gen)
 		l.sub.Store(0)
 		ps.Close()

@@ -65,6 +65,7 @@ func (l *Limiter) fail(srv *server, err error) {
 	if !srv.down.Load() && srv.down.CompareAndSwap(false, true) {
 		srv.downAt.Store(now)
 	}
+	l.slotFailed(srv)
 	if l.logger == nil {
 		return
 	}
@@ -93,6 +94,7 @@ func (l *Limiter) answered(srv *server) {
 	if !srv.down.Load() || !srv.down.CompareAndSwap(true, false) {
 		return
 	}
+	l.slotAnswered(srv)
 	if l.unsaid.Swap(false) && l.logger != nil {
 		l.logger.LogAttrs(context.Background(), slog.LevelInfo,
 			"redislimit: Redis answers again; pacing shared")

@@ -16,8 +16,13 @@ import (
 // Ring. Each fails and comes back on its own, may lose its data on its
 // own, and has a clock of its own.
 type server struct {
-	name   string         // the shard's name in the Ring; "" for the client's
-	addr   string         // the shard's address, to find its client in the Ring
+	name string // the shard's name in the Ring; "" for the client's
+	addr string // the shard's address, to find its client in the Ring
+	// key is, in a Cluster, a key of the server's slot, to ask the client
+	// which node holds it; master that node's address when the slot last
+	// failed (guarded by the Limiter's slotMu).
+	key    string
+	master string
 	c      redis.Scripter // the client; nil for a Ring shard, found by addr
 	marker string         // the epoch marker's key; "" with a Cluster
 
@@ -65,7 +70,7 @@ func newServers(rdb redis.UniversalClient, prefix string) []*server {
 		}
 		return out
 	case *redis.ClusterClient:
-		return []*server{{c: rdb}}
+		return nil // one per hash slot, made when first used: see slotServer
 	}
 	return []*server{{c: rdb, marker: prefix + epochKey}}
 }
@@ -75,6 +80,9 @@ const epochKey = "\x00epoch"
 
 // serverFor returns the server that holds key.
 func (l *Limiter) serverFor(key string) *server {
+	if l.slots != nil {
+		return l.slotServer(l.prefix + key)
+	}
 	if len(l.servers) == 1 {
 		return l.servers[0]
 	}
