@@ -37,20 +37,49 @@ type freeHost struct {
 	refreshing atomic.Bool
 }
 
-type freeHosts struct{ m sync.Map } // host → *freeHost
+// freeHosts holds a freeHost per host, for at most freeMax hosts: past
+// that the whole set is dropped and a new one started (a crawler meets a
+// host, and moves on), so that its memory is bounded whatever the number
+// of hosts. A host dropped asks Redis with its next request, once.
+type freeHosts struct {
+	m atomic.Pointer[sync.Map] // host → *freeHost; nil: none yet
+	n atomic.Int64             // entries added to m
+}
+
+// freeMax bounds the hosts whose freedom is remembered: the core's own
+// bound on the hosts it keeps.
+const freeMax = 8192
+
+func (f *freeHosts) load(host string) (*freeHost, bool) {
+	m := f.m.Load()
+	if m == nil {
+		return nil, false
+	}
+	v, ok := m.Load(host)
+	if !ok {
+		return nil, false
+	}
+	return v.(*freeHost), true
+}
 
 func (f *freeHosts) get(host string) *freeHost {
-	if v, ok := f.m.Load(host); ok {
-		return v.(*freeHost)
+	if e, ok := f.load(host); ok {
+		return e
 	}
-	v, _ := f.m.LoadOrStore(host, &freeHost{})
+	m := f.m.Load()
+	if m == nil || f.n.Add(1) > freeMax {
+		m = new(sync.Map)
+		f.m.Store(m)
+		f.n.Store(1)
+	}
+	v, _ := m.LoadOrStore(host, &freeHost{})
 	return v.(*freeHost)
 }
 
 // forget makes the next request to host ask Redis.
 func (f *freeHosts) forget(host string) {
-	if v, ok := f.m.Load(host); ok {
-		v.(*freeHost).free.Store(false)
+	if e, ok := f.load(host); ok {
+		e.free.Store(false)
 	}
 }
 
@@ -58,12 +87,8 @@ func (f *freeHosts) forget(host string) {
 // of it lately, when that was nothing, and refreshes it in the background
 // when due. It reports false when the request must ask Redis.
 func (l *Limiter) freeReserve(srv *server, a retryhttp.Attempt) bool {
-	v, ok := l.free.m.Load(a.Host)
-	if !ok {
-		return false
-	}
-	e := v.(*freeHost)
-	if !e.free.Load() {
+	e, ok := l.free.load(a.Host)
+	if !ok || !e.free.Load() {
 		return false
 	}
 	age := time.Since(l.start) - time.Duration(e.at.Load())
