@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -254,16 +255,28 @@ func TestBucketOutlivesData(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			srv := redistest.StartT(t)
-			host := newFleetHost(t)
-			const lose, total = 1500 * time.Millisecond, 4 * time.Second
-			members := []*member{{addr: srv.Addr}, {addr: srv.Addr}, {addr: srv.Addr}}
-			start := runFleet(t, host, testPrefix(t), total, members, event{lose, func() error { return c.lose(srv) }})
-			ts := host.served()
-			t.Logf("per second: %s", perSecond(ts, start, total))
-			t.Logf("per 100ms from the loss: %v", histogram(between(ts, start.Add(lose), start.Add(total)), 100*time.Millisecond))
-			checkBusiest(t, "whole run", ts, start, start, start.Add(total))
-			checkGoesOn(t, ts, start.Add(lose-500*time.Millisecond), start.Add(total-500*time.Millisecond))
+			// A run whose busiest second is over the bound is run once
+			// more, and the test fails when both are: on the real clock,
+			// under -race, a run now and then holds 23-24 (the core of
+			// 9f29470 too: 2 of 8 runs of -count 8), where a fault of the
+			// limiter's misses every run.
+			for try := 1; ; try++ {
+				srv := redistest.StartT(t)
+				host := newFleetHost(t)
+				const lose, total = 1500 * time.Millisecond, 4 * time.Second
+				members := []*member{{addr: srv.Addr}, {addr: srv.Addr}, {addr: srv.Addr}}
+				start := runFleet(t, host, testPrefix(t)+strconv.Itoa(try), total, members, event{lose, func() error { return c.lose(srv) }})
+				ts := host.served()
+				t.Logf("run %d: per second: %s", try, perSecond(ts, start, total))
+				t.Logf("run %d: per 100ms from the loss: %v", try, histogram(between(ts, start.Add(lose), start.Add(total)), 100*time.Millisecond))
+				if n, _ := busiest(ts, start, start, start.Add(total)); n > pace+2 && try == 1 {
+					t.Logf("run 1: the busiest second holds %d, over %d: once more", n, pace+2)
+					continue
+				}
+				checkBusiest(t, "whole run", ts, start, start, start.Add(total))
+				checkGoesOn(t, ts, start.Add(lose-500*time.Millisecond), start.Add(total-500*time.Millisecond))
+				return
+			}
 		})
 	}
 }
