@@ -227,14 +227,7 @@ func (run *clusterRun) run(t *testing.T, hosts []*fleetHost, busy int, total tim
 			}
 		}
 	})
-	for _, e := range events {
-		if !sleepUntil(ctx, start.Add(e.at)) {
-			break
-		}
-		if err := e.do(); err != nil {
-			t.Error(err)
-		}
-	}
+	playEvents(t, ctx, start, events)
 	wg.Wait()
 	return start
 }

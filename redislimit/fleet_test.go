@@ -79,14 +79,7 @@ func runFleet(t *testing.T, host *fleetHost, prefix string, total time.Duration,
 		})
 	}
 	sort.Slice(events, func(i, j int) bool { return events[i].at < events[j].at })
-	for _, e := range events {
-		if !sleepUntil(ctx, start.Add(e.at)) {
-			break
-		}
-		if err := e.do(); err != nil {
-			t.Error(err)
-		}
-	}
+	playEvents(t, ctx, start, events)
 	wg.Wait()
 	return start
 }
@@ -271,4 +264,18 @@ func newRingLimiter(t *testing.T, r *redis.Ring) *redislimit.Limiter {
 	l := redislimit.New(r, redislimit.WithTimeout(testTimeout))
 	t.Cleanup(func() { l.Close() })
 	return l
+}
+
+// playEvents does each event at its moment from start, in order, until ctx
+// ends; an event's error fails t.
+func playEvents(t *testing.T, ctx context.Context, start time.Time, events []event) {
+	t.Helper()
+	for _, e := range events {
+		if !sleepUntil(ctx, start.Add(e.at)) {
+			return
+		}
+		if err := e.do(); err != nil {
+			t.Error(err)
+		}
+	}
 }
