@@ -1,0 +1,138 @@
+package retryhttp
+
+import (
+	"log/slog"
+	"math"
+	"time"
+)
+
+// outage is what a down host's record keeps.
+type outage struct {
+	next       time.Time // the next probe
+	turnedAway sliding   // what the callers asked while it was down
+	oldRate    float64   // what it accepted before its run of failures
+	oldCtl     control   // how it was held before the run
+}
+
+// admitDown lets a probe go once every probeEvery, and hands every other
+// attempt back at once.
+func (m *hostModel) admitDown(host string, now time.Time) Reservation {
+	d := &m.down
+	if !now.Before(d.next) {
+		d.next = now.Add(probeEvery)
+		return Reservation{OK: true, Report: true, Ticket: m.send(now)}
+	}
+	d.turnedAway.add(now, 1)
+	return Reservation{Down: &HostDownError{Host: host, Since: m.streakFrom, Last: m.lastFailure, Retry: d.next}}
+}
+
+// failure adds an answer that got nothing through to the run that may make
+// the host down.
+func (m *hostModel) failure(sig *Signal, overlapped bool) {
+	if m.streak == 0 {
+		m.streakFrom, m.streakSeq, m.reachable, m.together = sig.Now, m.seq+1, false, false
+		// Attempts sent before this one, still in flight, may yet get
+		// through: the host is not down while they may.
+		m.older = m.inflight
+		// What the host took before the run, to be paced at when it comes
+		// back; for a record just made, the process's rate bounds it.
+		m.rateBefore = m.accepts.lastSecond(sig.Now)
+		if m.fresh(sig.Now) {
+			m.rateBefore = max(m.rateBefore, sig.Sent)
+		}
+		// What the run does to the pace is not what the host took: the
+		// run may be an outage's first seconds, taken for overload.
+		m.shareBefore, m.knownBefore, m.ctlBefore = m.failShare, m.tallied, m.ctl
+	}
+	m.streak++
+	m.reachable = m.reachable || !sig.Unreachable
+	m.together = m.together || overlapped
+	m.lastFailure = sig.describe()
+}
+
+// falls reports whether the run of failures makes the host down: nothing
+// got through, nothing sent before the run is still on its way, and the
+// run is long enough: downFailures when no connection could be made at
+// all, or over downAfter; downRun when each was sent after the last was
+// answered.
+func (m *hostModel) falls(now time.Time) bool {
+	need := m.runNeeded()
+	if m.streak < need || m.older > 0 {
+		return false
+	}
+	span := now.Sub(m.streakFrom)
+	return !m.reachable || span >= downAfter || (m.streak >= max(downRun, need) && !m.together && span > 0)
+}
+
+// runNeeded is the shortest run of failures that makes the host down: a
+// run its share of failures before the run makes unlikely.
+func (m *hostModel) runNeeded() int {
+	f := m.shareBefore
+	if m.knownBefore < downFailures && m.reachable {
+		// Too few answers before the run to know its share: failures that
+		// had a connection may be a flaky host's first. Connections refused
+		// from the first are a dead address.
+		f = freshShare
+	}
+	if f <= 0 {
+		return downFailures
+	}
+	if f >= 1-1/float64(failMemory) {
+		f = 1 - 1/float64(failMemory) // it failed all it remembers: one run of the memory's length
+	}
+	return max(downFailures, int(math.Ceil(math.Log(unlikely)/math.Log(f))))
+}
+
+// tally adds an answer to the share of answers that failed.
+func (m *hostModel) tally(failed bool) {
+	x := 0.0
+	if failed {
+		x = 1
+	}
+	// The mean of the answers so far, until there are failMemory of them:
+	// a share that starts at 0 would read a host failing from its first
+	// answers as one that fails little.
+	m.tallied = min(m.tallied+1, failMemory)
+	m.failShare += (x - m.failShare) / float64(m.tallied)
+}
+
+// fall: any → Down. The host is handed back at once but for its probes,
+// one every probeEvery; requests waiting for a slot in flight learn of it.
+func (m *hostModel) fall(l *localLimiter, host string, now time.Time) {
+	m.down = outage{next: now.Add(probeEvery), oldRate: m.rateBefore, oldCtl: m.ctlBefore}
+	m.failShare = m.shareBefore // what the host failed before it was down
+	m.setState(HostDown, now)
+	m.wake(now)
+	l.log(host, "retryhttp: host down", slog.String("since", m.streakFrom.UTC().Format(time.RFC3339Nano)),
+		slog.String("last", m.lastFailure))
+}
+
+// recover: Down → Recovering, at the rate the host took before, or what
+// the callers asked of it meanwhile when that is less; its old pace, if it
+// had one, when it was overloaded.
+func (m *hostModel) recover(l *localLimiter, host string, now time.Time) {
+	r := m.down.oldRate
+	if asked := m.down.turnedAway.lastSecond(now); asked > 0 && (r == 0 || asked < r) {
+		r = asked
+	}
+	was := m.down.oldCtl
+	m.down = outage{}
+	m.streak = 0
+	m.ctl = control{step: probeStep}
+	if r == 0 && was.rate == 0 && was.limit == 0 {
+		// Nothing is known of what it takes: it never served, nor was
+		// asked anything meanwhile. It is not held back on a guess.
+		m.setState(HostFailing, now)
+		l.log(host, "retryhttp: host back", paceAttr("pace", 0))
+		return
+	}
+	if was.rate > 0 || was.limit > 0 {
+		m.ctl.rate, m.ctl.limit, m.ctl.ceil = was.rate, was.limit, was.ceil
+	} else {
+		m.ctl.rate = max(r, 1/holdTime.Seconds())
+	}
+	m.ctl.burst = max(1, int(m.ctl.rate*horizon.Seconds()))
+	m.ctl.grownAt, m.ctl.busyAt = now, now
+	m.setState(HostRecovering, now)
+	l.log(host, "retryhttp: host back", paceAttr("pace", m.ctl.rate))
+}

@@ -1,0 +1,464 @@
+package retryhttp
+
+import (
+	"log/slog"
+	"math"
+	"time"
+)
+
+// control is how an overloaded or recovering host is held: a rate, or a
+// limit on what is in flight, and what the model knows of where the host
+// refuses.
+type control struct {
+	rate       float64 // attempts a second; 0: no pace
+	burst      int
+	limit      int     // attempts in flight; 0: no limit
+	ceil       float64 // what the host accepted when it last refused (a rate, or a count in flight); 0: unknown
+	step       float64 // the next step past ceil
+	holdUntil  time.Time
+	grownAt    time.Time
+	nearAt     time.Time // when the pace reached just below ceil
+	busyAt     time.Time // when a request last waited for the pace or a slot
+	burstCut   bool      // the last cut was of a burst sent before the host had a record
+	notBefore  time.Time // the pace's first slot after that cut
+	guess      int       // what the host took at once in that burst: a limit in flight to try
+	tried      bool      // the guess was tried
+	before     float64   // the rate to return to when a limit in flight is refuted, and its ceil
+	beforeCeil float64
+	acked      int // accepted answers since the limit last grew
+	cutAt      time.Time
+	cutBefore  [2]float64 // the answers before the cut, and the refusals among them
+	lowered    [2]float64 // the answers since a cut that lowered the share refused, and the refusals
+	cutBound   bool       // the pace bound since the cut
+	cutAnswers float64    // answers to attempts sent since the cut, and the refusals among them
+	cutRefused float64
+	cutFrom    float64 // the pace before the cut; 0: none
+}
+
+// acked1 grows a limit in flight below what the host took at once by one
+// for every limit's worth of accepted answers, while requests wait for it.
+func (c *control) acked1(now time.Time) {
+	if c.limit == 0 || float64(c.limit) >= c.ceil-1 || now.Sub(c.busyAt) >= holdTime {
+		return
+	}
+	if c.acked++; c.acked >= c.limit {
+		c.limit, c.acked = c.limit+1, 0
+		if float64(c.limit) >= c.ceil-1 {
+			c.nearAt = now
+		}
+	}
+}
+
+// explained reports whether load explains a refusal (see the package
+// comment above): the host says so, or it came with more in flight than
+// the host accepted at once, or the host refused more than it accepted of
+// a burst.
+func (m *hostModel) explained(sig *Signal, overlapped bool) bool {
+	now := sig.Now
+	if sig.limits() || m.state == HostOverloaded {
+		return true
+	}
+	// A host that refuses a share at random whatever the load (exShare,
+	// once cuts showed that) accepts the rest of what it is sent: it is
+	// overloaded when it accepts less than 1/overloadRatio of that.
+	sent := m.sentLastSecond(sig)
+	return overlapped && (1-m.exShare)*sent > overloadRatio*(sent-m.refusals.lastSecond(now))
+}
+
+// sentLastSecond is what the host got in the last second: what was counted
+// for it, or, until it has been counted a second, what the process sent to
+// every host, of which it got at most all.
+func (m *hostModel) sentLastSecond(sig *Signal) float64 {
+	sent := m.sent.lastSecond(sig.Now)
+	if m.fresh(sig.Now) {
+		sent = max(sent, sig.Sent, m.accepts.lastSecond(sig.Now)+m.refusals.lastSecond(sig.Now))
+	}
+	return sent
+}
+
+// overload: → Overloaded, and the pace cut to what the host accepts, once a
+// hold; or the limit in flight set to what it accepted at once, when it
+// refused only beyond that. A refusal of the same burst after a cut may
+// lower the pace further, to what it shows was accepted.
+func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked bool, load int, overlapped bool) {
+	now, c := sig.Now, &m.ctl
+	lastLoad := m.lastLoad
+	m.lastLoad = now
+	// What the host accepted in the last second: the answers that said
+	// so, or, for a burst whose accepted answers came before the host had
+	// a record, what it got less what it refused.
+	sent := m.sentLastSecond(sig)
+	accepted := max(sent-m.refusals.lastSecond(now), m.accepts.lastSecond(now), 0)
+	if sig.Wait > 0 {
+		if m.accepts.lastSecond(now) == 0 && m.refusals.lastSecond(now) <= 1 {
+			// The one answer in a second, a refusal with a wait named:
+			// the host is spent for that wait (it is parked) by what it
+			// was sent before the quiet; it says nothing of its rate.
+			m.lastLoad = lastLoad
+			return
+		}
+		accepted = max(accepted, 1/sig.Wait.Seconds())
+	}
+	if m.state != HostOverloaded && m.state != HostRecovering {
+		if sig.Wait <= 0 && !m.q.active() && m.noise(now, sent) {
+			// One refusal among many accepted, naming no wait, from a
+			// host that announces nothing, says it was full for a moment,
+			// not what it takes: a rate is cut at the second refusal
+			// within a second, which a limit hit by our traffic sends at
+			// once. (A refusal with a wait parks the host; a quota's
+			// refusal tells the window's phase: both are read below.)
+			m.lastLoad = lastLoad
+			return
+		}
+		m.setState(HostOverloaded, now)
+		*c = control{}
+	}
+	switch {
+	case c.limit > 0 && !tracked:
+		return // a late answer of an attempt sent before the limit
+	case c.limit > 0 && load <= 1:
+		// Refused with nothing else in flight: no limit in flight
+		// explains that, a rate does.
+		c.limit, c.burstCut, c.ceil = 0, false, c.beforeCeil
+		if c.before > 0 {
+			m.setRate(l, host, c.before, now)
+			c.holdUntil, c.grownAt, c.nearAt = now.Add(holdTime), now, now
+			return
+		}
+		m.cutRate(l, host, now, accepted, sent, false, false)
+		return
+	case c.limit > 0:
+		// Refused with others in flight: one fewer at once. A limit one
+		// above the host's loses one attempt per slot too many, once.
+		c.limit = max(1, c.limit-1)
+		c.ceil, c.holdUntil, c.grownAt, c.nearAt = float64(c.limit+1), now.Add(holdTime), now, now
+		return
+	case now.Before(c.holdUntil):
+		if c.burstCut && m.fresh(now) {
+			// Each refusal of the burst says more of what the host took
+			// of it: the refusal the pace may grow back to.
+			c.ceil = min(c.ceil, max(accepted, 1))
+		}
+		if c.burstCut && m.fresh(now) && c.rate > 0 && cutShare*accepted < c.rate {
+			c.guess = min(c.guess, int(math.Round(accepted)))
+			if c.guess == 0 && overlapped {
+				// The cut came with the burst's first refusal, before
+				// it could tell it was a burst (a 429 is explained at
+				// once): what the host took of it may be a limit in
+				// flight, as in cutRate.
+				c.guess, c.notBefore = int(math.Round(accepted)), c.holdUntil
+			}
+			m.setRate(l, host, max(cutShare*accepted, 1/holdTime.Seconds()), now)
+		}
+		return
+	case m.phaseRefusal(sig, sent):
+		m.lastLoad = lastLoad
+		return
+	case c.rate > 0 && c.rate <= nearShare*c.ceil && m.noise(now, sent):
+		m.lastLoad = lastLoad
+		return // a lone refusal, among many accepted, at a pace the host took before
+	case c.rate > 0 && m.exShare > 0 && !m.beyondChance(now):
+		m.lastLoad = lastLoad
+		return // refusals at the share it refuses whatever the load
+	}
+	switch m.checkCut(l, host, now, now.Sub(c.busyAt) < holdTime, holdTime) {
+	case undecided:
+		m.lastLoad = lastLoad
+		return // too few answers since the last cut to tell whether it helped
+	case byChance:
+		return // the cut a hold ago did not move the share it refuses
+	}
+	m.cutRate(l, host, now, accepted, sent, m.fresh(now), overlapped)
+	if sig.limits() {
+		c.cutAt = time.Time{} // the host said it limits the rate: nothing to check
+	}
+}
+
+// phaseRefusal reports a lone refusal by a sliding count, with a wait
+// named, of a pace at the rate the count announces, and moves the pace's
+// next slot half an interval off the refused attempt's. Such a count
+// holds the same count at each attempt of a pace at its rate, and refuses
+// them all or none by where they fall in its intervals: in the first
+// half after its window opens, its rounded count reaches the limit. The
+// refusal says the pace falls there; half an interval later it falls in
+// the other half, whatever the latency to the host (the shift is from
+// the refused attempt, on the same path). The rate the host announced
+// is kept: cutting it would only bring the pace back to the same phase.
+func (m *hostModel) phaseRefusal(sig *Signal, sent float64) bool {
+	q, now := &m.q, sig.Now
+	r := q.paceRate()
+	if p := float64(m.pace().Limit); !q.counts || sig.Wait <= 0 || r <= 0 || m.fresh(now) || !m.noise(now, sent) ||
+		p < r*cutShare || p > r/cutShare {
+		return false // not a pace at the rate the count announces
+	}
+	d := time.Duration(float64(time.Second) / r)
+	if d > holdTime {
+		return false // the shift would add more than a hold to the wait named
+	}
+	slot := now.Add(-sig.Latency).Add(d / 2)
+	if back := now.Add(sig.Wait); slot.Before(back) {
+		slot = slot.Add((back.Sub(slot) + d - 1) / d * d)
+	}
+	m.ctl.notBefore = later(m.ctl.notBefore, slot)
+	return true
+}
+
+// beyondChance reports refusals in the last second more than the share
+// the host refuses whatever the load (exShare) makes likely: over two
+// standard deviations, and one, above it.
+func (m *hostModel) beyondChance(now time.Time) bool {
+	r := m.refusals.lastSecond(now)
+	n, f := r+m.accepts.lastSecond(now), m.exShare
+	return r > f*n+2*math.Sqrt(n*f*(1-f))+1
+}
+
+// noise reports refusals too few to say the pace is too fast: one in a
+// second, among more than overloadRatio times as many sent.
+func (m *hostModel) noise(now time.Time, sent float64) bool {
+	r := m.refusals.lastSecond(now)
+	return r < 2 && r*overloadRatio < sent
+}
+
+// cutRate paces the host at cutShare of what it accepted.
+func (m *hostModel) cutRate(l *localLimiter, host string, now time.Time, accepted, sent float64, burst, overlapped bool) {
+	c := &m.ctl
+	target := cutShare * accepted
+	if p := m.pace(); !p.Unlimited() {
+		target = min(target, cutShare*float64(p.Limit)) // below the pace it refused
+	}
+	c.ceil, c.burstCut, c.limit = accepted, burst, 0
+	switch {
+	case burst && overlapped:
+		// What the host took of a burst at once may be a limit on what it
+		// serves at once, not a rate: tried once it has answered. The
+		// burst had what the host grants for now: the pace starts a hold
+		// later.
+		c.guess = int(math.Round(accepted))
+		c.notBefore = now.Add(holdTime)
+	case !burst && c.guess == 0:
+		c.guess = m.okLoad.max(now) // the most it took at once lately
+	}
+	c.step, c.holdUntil, c.grownAt, c.nearAt = probeStep, now.Add(holdTime), now, time.Time{}
+	if c.cutAt.IsZero() {
+		// The first of a run of cuts is checked: did they lower the share
+		// refused (exonerated)?
+		c.cutAt, c.cutBound, c.cutAnswers, c.cutRefused, c.cutFrom = now, false, 0, 0, c.rate
+		c.cutBefore = c.lowered
+		if c.cutBefore[0] == 0 {
+			r := m.refusals.lastSecond(now)
+			c.cutBefore = [2]float64{max(r+m.accepts.lastSecond(now), 1), r}
+		}
+		c.lowered = [2]float64{}
+	}
+	m.setRate(l, host, max(target, 1/holdTime.Seconds()), now)
+}
+
+// setRate changes the learned pace, and logs a change that matters.
+func (m *hostModel) setRate(l *localLimiter, host string, r float64, now time.Time) {
+	c := &m.ctl
+	old := c.rate
+	c.rate, c.burst = r, 1
+	if m.state == HostRecovering {
+		c.burst = max(1, int(r*horizon.Seconds()))
+	}
+	if old == r || (old > 0 && r > 0 && r < 2*old && r > old/2) {
+		return
+	}
+	l.logPace(host, old, r)
+}
+
+// adjust runs before each attempt: it grows a pace that binds, settles one
+// that holds nothing back, tries a guessed limit in flight, and clears a
+// host the cut did not help.
+func (m *hostModel) adjust(l *localLimiter, host string, now time.Time) {
+	c := &m.ctl
+	if c.rate == 0 && c.limit == 0 {
+		r := m.q.paceRate()
+		if !m.q.active() || !m.q.spare || r <= 0 || now.Sub(c.busyAt) >= holdTime {
+			return
+		}
+		// The announced pace binds and the host never ran out: it takes
+		// more than it says. The pace is learned from here, and grows
+		// while nothing is refused.
+		c.step, c.grownAt = probeStep, now
+		m.q.beyond = true
+		m.setRate(l, host, r, now)
+		return
+	}
+	if m.q.spare && !m.q.beyond && now.Sub(c.busyAt) < holdTime {
+		// Held by a pace, the host never ran out for a window: what it
+		// took of a burst, and what it announces, are not its rate.
+		m.q.beyond, c.ceil, c.nearAt = true, 0, time.Time{}
+	}
+	every := holdTime
+	if m.state == HostRecovering && c.ceil == 0 && c.limit == 0 {
+		// Back, and nothing refused since: the pace doubles every horizon
+		// while it binds (slow start), so that a host whose old rate was
+		// little known is served at what it takes within a second or two.
+		every = horizon
+	}
+	if now.Before(c.holdUntil) || now.Sub(c.grownAt) < every {
+		if now.Sub(c.busyAt) < holdTime && !c.cutAt.IsZero() && !c.busyAt.Before(c.cutAt) {
+			c.cutBound = true
+		}
+		return
+	}
+	defer func() { c.grownAt = now }()
+	binds := now.Sub(c.busyAt) < holdTime
+	if m.checkCut(l, host, now, binds, 2*holdTime) == byChance {
+		return
+	}
+	switch {
+	case binds && c.guess > 1 && !c.tried && m.held && !m.q.active() && c.rate > 0 && m.latencies.n > 0 &&
+		float64(c.guess)/m.latencies.p95().Seconds() > c.rate:
+		// The burst's share may have been a limit on what the host
+		// serves at once (it refused while it served ours; a host that
+		// refuses with nothing of ours in hand limits something else):
+		// try it, from what the pace has in flight up,
+		// one more for every limit's worth of accepted answers (TCP's
+		// congestion avoidance), and go back to the rate at the first
+		// refusal of an attempt sent alone.
+		c.tried, c.before, c.beforeCeil = true, c.rate, c.ceil
+		c.limit, c.rate, c.ceil, c.acked = max(m.inflight, 1), 0, float64(c.guess)+1, 0
+		l.log(host, "retryhttp: trying limit", slog.Int("in_flight", c.guess))
+	case binds && now.Sub(m.lastLoad) >= holdTime:
+		m.grow(l, host, now) // failures that load does not explain do not hold it back
+	case !binds && now.Sub(m.lastTrouble) >= forgetAfter:
+		// settle: the pace holds nothing back, and nothing went wrong for
+		// long enough that what was learned is stale.
+		l.logPace(host, c.rate, 0)
+		m.ctl = control{}
+		m.setState(HostHealthy, now)
+	}
+}
+
+// cutVerdict is what the answers to attempts sent since a cut say of it.
+type cutVerdict uint8
+
+const (
+	unchecked cutVerdict = iota // no cut awaits its check
+	undecided                   // too few answers since the cut to tell
+	byLoad                      // the share refused fell, or grew: load explains it
+	byChance                    // the share did not move: the host refuses it whatever the load
+)
+
+// checkCut is the check of the last cut, at the next cut or two holds
+// after it. A cut that bound lowered what was sent; had load caused the
+// refusals, the share refused falls; had the cut left the pace past the
+// host's capacity, it rises. A share that does neither (the share since
+// the cut less than two standard errors below the share before it, and
+// not one above; three refusals since at least) is chance: a host that was not paced before is
+// failing, not overloaded, and one that was keeps the pace the cut gave
+// it. Refusals at that share (exShare) are not taken for load again until
+// the record is forgotten. A cut that lowered the share is followed by
+// the next with the share since it as what came before: what remains may
+// be chance.
+func (m *hostModel) checkCut(l *localLimiter, host string, now time.Time, binds bool, after time.Duration) cutVerdict {
+	c := &m.ctl
+	if c.cutAt.IsZero() || c.limit > 0 || now.Sub(c.cutAt) < after {
+		return unchecked
+	}
+	n, r := c.cutAnswers, c.cutRefused
+	if !c.cutBound && !binds {
+		c.cutAt = time.Time{}
+		return byLoad
+	}
+	if n < 2*downFailures {
+		return m.undecided(now)
+	}
+	n0, r0 := c.cutBefore[0], c.cutBefore[1]
+	p := (r0 + r) / (n0 + n)
+	se := math.Sqrt(p * (1 - p) * (1/n0 + 1/n))
+	switch d := r0/n0 - r/n; {
+	case d > 2*se:
+		c.cutAt, c.lowered = time.Time{}, [2]float64{n, r}
+		return byLoad
+	case -d > se:
+		// A cut does not raise a share refused at random: the share
+		// before it was that of the first refusals of a pace grown past
+		// the host's capacity, which the cut left past it.
+		c.cutAt = time.Time{}
+		return byLoad
+	case r < downFailures && d < 0:
+		// Too few refusals to tell, at a share above the one before:
+		// taken for load, as a pace past the capacity of a host that
+		// takes a few a second refuses.
+		c.cutAt = time.Time{}
+		return byLoad
+	case r < downFailures:
+		return m.undecided(now)
+	}
+	c.cutAt = time.Time{}
+	m.exShare = r / n
+	l.log(host, "retryhttp: refusals by chance", slog.Float64("share", round2(m.exShare)))
+	if c.cutFrom == 0 {
+		m.ctl = control{}
+		m.setState(HostFailing, now)
+		return byChance
+	}
+	c.holdUntil, c.grownAt = now, now
+	return byChance
+}
+
+// undecided: the check of the cut waits for more answers, forgetAfter at
+// most.
+func (m *hostModel) undecided(now time.Time) cutVerdict {
+	if now.Sub(m.ctl.cutAt) >= forgetAfter {
+		m.ctl.cutAt = time.Time{}
+		return byLoad
+	}
+	return undecided
+}
+
+// grow raises a pace or limit that binds: up to just below what the host
+// accepted when it last refused, a while there, then faster and faster
+// past it, in case the host can take more now.
+func (m *hostModel) grow(l *localLimiter, host string, now time.Time) {
+	c := &m.ctl
+	if c.limit > 0 {
+		switch {
+		case float64(c.limit) < c.ceil-1:
+			return // it grows with its accepted answers (acked)
+		case !c.nearAt.IsZero() && now.Sub(c.nearAt) < 2*holdTime:
+			return
+		case c.nearAt.IsZero():
+			c.nearAt = now
+			return
+		default:
+			c.limit += int(c.step)
+			c.step = min(2*c.step, float64(max(c.limit/2, 1)))
+		}
+		return
+	}
+	c.cutAt = time.Time{} // a pace grown since the cut tells nothing of it
+	if m.state == HostRecovering && c.ceil == 0 {
+		m.setRate(l, host, 2*c.rate, now) // nothing refused since it came back
+		return
+	}
+	near := nearShare * c.ceil
+	next := c.rate * 2
+	switch {
+	case m.q.spare && c.ceil == 0:
+		// The host says it has more than the pace takes: a quarter more
+		// each hold until a refusal says where it ends. (Doubling
+		// overshoots by as much, and the refusals of a hundred workers
+		// there cost pages.)
+		next = c.rate * spareGrowth
+	case c.rate < near:
+		next = min(next, near)
+		if next >= near {
+			c.nearAt = now
+		}
+	case !c.nearAt.IsZero() && now.Sub(c.nearAt) < 2*holdTime:
+		return
+	default:
+		next = c.rate * (1 + c.step)
+		c.step = min(3*c.step, 1)
+	}
+	if m.q.active() && !m.q.beyond {
+		if r := m.q.paceRate(); r > 0 {
+			next = min(next, r)
+		}
+	}
+	m.setRate(l, host, next, now)
+}

@@ -1,0 +1,368 @@
+package retryhttp
+
+import (
+	"log/slog"
+	"math"
+	"time"
+)
+
+// quota is what a host announces it grants: limit per window, remaining
+// until reset. A host whose reset moment moves between answers refills as
+// it goes (a sliding window, a token bucket): it is held to what remains
+// and refilled at limit per window; any other is held to what remains
+// until its reset, then grants limit again.
+//
+// A reset does not say which kind the window is: a fixed one is whole
+// again, a sliding count still counts most of the window before (and
+// refuses a burst at its reset, often with a Retry-After of a whole
+// window). Until the first answer after a reset tells, the window grants
+// one attempt a slack after the reset, then its average rate (probing): a
+// fixed one costs a round trip, once, and a sliding one is never sent the
+// burst it refuses.
+type quota struct {
+	limit     int
+	window    time.Duration // said (RateLimit-Policy's w), or the longest reset seen
+	remaining int           // what the last answer said, less what was in flight then
+	taken     int           // attempts sent since that answer
+	at        time.Time     // when that answer came
+	resetAt   time.Time     // when it is whole again; zero: not said
+	rolled    bool          // a reset passed since the announcement: since counts from it
+	since     int           // attempts sent since that reset
+	sliding   bool
+	fixed     bool      // whole again after a reset: it grants its limit at once
+	probing   bool      // a reset passed, and no answer since told its kind
+	named     time.Time // the moment the last refusal named as its wait
+	counts    bool      // it slides, with a reset that stays put: a count of the window before, not a bucket
+	restarts  bool      // seen whole again within half a window of spent: a window that starts anew
+	said      int       // the remaining the last answer said, as said
+	saidReset time.Time // and the reset it said; zero: none
+	saidAt    time.Time // and when it came
+	// When the quota is first announced, or its window first seen to
+	// slide, what it said remains: the pace's burst is charged with what
+	// the host still counts, once.
+	syncAt   time.Time
+	syncLeft int
+	renewed  bool // it replaced another announcement: the old pace's schedule goes
+	// The fewest said to remain since lowFrom, and whether no answer of
+	// the last whole window said less than half the limit remains
+	// (spare): a host that stays more than half full under a pace that
+	// binds gives back faster than it is asked, more than its
+	// announcement says (throttled announces a bucket's burst as its
+	// limit, and the time to fill it as its reset). A window or count
+	// paced at its rate runs down to its last few.
+	low     int
+	lowFrom time.Time
+	spare   bool
+	beyond  bool // spare was seen under a pace that bound: the announced rate is a floor, not a cap
+	deep    bool // an answer said more remain than the limit
+}
+
+// watchSpare takes in what an answer says remains.
+func (q *quota) watchSpare(left int, now time.Time) {
+	if q.lowFrom.IsZero() {
+		q.low, q.lowFrom = left, now
+		return
+	}
+	q.low = min(q.low, left)
+	// More left than the limit after a request: the limit is the rate of
+	// a deeper bucket (tollbooth says its rate, and its tokens left), and
+	// the rate it says is the rate.
+	q.deep = q.deep || left >= q.limit
+	if now.Sub(q.lowFrom) >= max(q.window, holdTime) {
+		q.spare = !q.deep && q.low >= 1 && 2*q.low >= q.limit
+		q.low, q.lowFrom = left, now
+	}
+}
+
+func (q *quota) active() bool { return q.limit > 0 }
+
+// perSecond is the rate the quota allows, 0 when its window is unknown.
+func (q *quota) perSecond() float64 {
+	if q.window <= 0 {
+		return 0
+	}
+	return float64(q.limit) / q.window.Seconds()
+}
+
+// paceRate is the rate a host is paced at by its quota: perSecond, but
+// one fewer a window for a sliding count (a window that slides while its
+// reset stays put: the last window's count weighted, plus this one's) of
+// more than resetSlack. Such a count rounds, and refuses at its limit
+// whenever the pace's phase falls early in its window, for the rest of
+// the window or the whole of it (httprate names its window as the
+// Retry-After): one attempt in limit is the price of never losing more
+// than a second. A token bucket (its reset moves) takes its rate.
+//
+// A window seen to start anew (restarts) is stretched by paceMargin: a
+// pace of exactly limit a window sends the attempt after a window's limit
+// at the very instant the window ends, where a window that starts at its
+// first request (ulule's, most INCR-and-EXPIRE counters) still counts
+// it. Refused there, its request goes to the back of the queue and can
+// meet the next such instant: two tries lost to the phase of a pace. A
+// sliding count is not stretched: at exactly its rate it holds the same
+// count at every attempt, and a pace a hair slower drifts into the
+// instants after its windows start, where it refuses.
+func (q *quota) paceRate() float64 {
+	switch {
+	case q.restarts:
+		return float64(q.limit) / (q.window + q.window/paceMargin).Seconds()
+	case q.counts && q.window > resetSlack && q.limit > 1:
+		return float64(q.limit-1) / q.window.Seconds()
+	}
+	return q.perSecond()
+}
+
+// spareGrowth is how much a pace grows each hold past an announced rate
+// while the host says it has more (quota.spare).
+const spareGrowth = 1.25
+
+// paceMargin stretches a restarting window for its pace by one part in
+// paceMargin: 10 ms a second, more than a loopback's or a LAN's jitter,
+// for 1% of the rate.
+const paceMargin = 100
+
+// tokens is how many attempts the quota lets go at now.
+func (q *quota) tokens(now time.Time) float64 {
+	if !q.resetAt.IsZero() && !now.Before(q.resetAt) {
+		q.roll(now)
+	}
+	t := float64(q.remaining)
+	switch {
+	case q.sliding:
+		t = min(float64(q.limit), t+now.Sub(q.at).Seconds()*q.perSecond())
+	case q.probing:
+		// One at the reset, then the average rate.
+		t = 0
+		if since := now.Sub(q.at.Add(q.slack())); since >= 0 {
+			t = min(float64(q.remaining), 1+math.Floor(since.Seconds()*q.perSecond()+tokenSlack))
+		}
+	}
+	return t - float64(q.taken)
+}
+
+// roll starts the window after the reset: whole again.
+func (q *quota) roll(now time.Time) {
+	if !q.probing {
+		q.at = q.resetAt // a window still untold keeps its grants from the first reset
+	}
+	q.remaining, q.taken, q.since, q.rolled = q.limit, 0, 0, true
+	q.probing = !q.fixed && !q.sliding && q.limit > 1 && q.perSecond() > 0
+	switch {
+	case q.window <= 0:
+		q.resetAt = time.Time{}
+	default:
+		// The resets to come, a window apart, the first after now.
+		n := now.Sub(q.resetAt)/q.window + 1
+		q.resetAt = q.resetAt.Add(n * q.window)
+	}
+}
+
+// resetSlack is how late a reset may come after the moment said: headers
+// say it in whole seconds, and a Unix time is truncated to one.
+const resetSlack = time.Second
+
+// slack is how long after the reset said the first grant of a window of
+// unknown kind waits: none when a refusal named that very moment as its
+// wait (a spent quota's reset), as the host asked to be asked then;
+// resetSlack for a window longer than that, whose reset, said in whole
+// seconds, may come up to a second late, and where an attempt a moment
+// early can be refused for the whole window (httprate names its window as
+// every refusal's Retry-After: a burst refused as a window opens is told
+// to come back as the next opens, where the count still refuses it); an
+// interval for a shorter one, as a sliding count refuses at its reset
+// what it counted of the window before. A Retry-After that ends later
+// holds the host (it is parked) until then anyway.
+func (q *quota) slack() time.Duration {
+	switch {
+	case !q.named.IsZero() && absDuration(q.named.Sub(q.at)) < time.Millisecond:
+		return 0
+	case q.window > resetSlack:
+		return resetSlack
+	}
+	return time.Duration(float64(time.Second) / q.perSecond())
+}
+
+// tokenSlack absorbs the rounding of a quota's refill, so that a token all
+// but whole is whole.
+const tokenSlack = 1e-9
+
+// nextToken is when the quota next lets an attempt go, when it lets none
+// go at now; zero when nothing is known to refill it.
+func (q *quota) nextToken(now time.Time) time.Time {
+	missing := 1 - q.tokens(now) - tokenSlack
+	if q.sliding && q.perSecond() > 0 {
+		wait := time.Duration(math.Ceil(missing / q.perSecond() * float64(time.Second)))
+		at := now.Add(max(wait, time.Microsecond))
+		if !q.resetAt.IsZero() && at.After(q.resetAt) {
+			return q.resetAt
+		}
+		return at
+	}
+	if q.probing {
+		// The next grant at the average rate from the reset, unless the
+		// window's kind is told before it.
+		wait := time.Duration(float64(q.taken) / q.perSecond() * float64(time.Second))
+		if at := q.at.Add(q.slack() + wait); at.After(now) {
+			return at
+		}
+		return now.Add(time.Microsecond)
+	}
+	return q.resetAt
+}
+
+// quotaWait says whether the quota lets no attempt go at now, and until
+// when. While the record is fresh, the attempts of the burst that made it,
+// still on their way, are counted against what remains (up to a quota's
+// worth, and no longer than the record is fresh: a busy process's other
+// traffic is not this host's).
+func (m *hostModel) quotaWait(now time.Time) (time.Time, bool) {
+	if m.q.sliding && m.q.perSecond() > 0 {
+		// A window that slides gives back as it goes, at the rate it
+		// announces: the pace keeps to it (what it says remains lags a
+		// sliding count, and hovers at none for a client at its rate).
+		return time.Time{}, false
+	}
+	tokens := m.q.tokens(now) + tokenSlack
+	if tokens < 1 {
+		// Spent, until the moment it names; a host that names none is
+		// asked, and says so again.
+		at := m.q.nextToken(now)
+		return at, !at.IsZero()
+	}
+	if m.fresh(now) && tokens-min(m.ghosts, float64(m.q.limit)) < 1 {
+		return m.since.Add(holdTime), true
+	}
+	return time.Time{}, false
+}
+
+// learnQuota takes in what an answer announces.
+func (m *hostModel) learnQuota(l *localLimiter, host string, sig *Signal) {
+	q, now := &m.q, sig.Now
+	window := sig.Window
+	if window <= 0 {
+		// Not said: the longest reset seen (an answer at its reset says
+		// nothing of the window).
+		if sig.Limit == q.limit {
+			window = q.window
+		}
+		if sig.Reset > 0 {
+			window = max(window, sig.Reset.Round(time.Second), time.Second)
+		}
+	}
+	if q.limit != sig.Limit || (sig.Window > 0 && q.window != sig.Window) {
+		// A new announcement replaces the old, and so does the pace's
+		// schedule of the old: slots a pace of 5000 an hour handed out
+		// mean nothing to one of 30 a minute (syncQuota).
+		renewed := q.active()
+		*q = quota{renewed: renewed}
+		l.log(host, "retryhttp: quota", slog.Int("limit", sig.Limit), slog.String("window", window.String()))
+		if sig.Remaining >= 0 {
+			// What was sent before the host said its quota is spent from
+			// the pace's burst too, once: a burst sent before any answer
+			// was not paced.
+			q.syncAt, q.syncLeft = now, max(sig.Remaining-m.inflight, 0)
+		}
+	}
+	q.limit, q.window = sig.Limit, window
+	if sig.Refused && sig.Wait > 0 {
+		q.named = now.Add(sig.Wait)
+	}
+	if !q.resetAt.IsZero() && !now.Before(q.resetAt) {
+		q.roll(now) // the answer is of the window after the reset
+	}
+	// A window that slides (a sliding count, a token bucket) gives back as
+	// it goes; a fixed one only at its reset. The host shows which: a fixed
+	// window names the same moment until it ends (in whole seconds, as the
+	// headers say it), and is whole again after it.
+	if sig.Reset >= 0 {
+		resetAt := now.Add(sig.Reset)
+		switch {
+		case q.resetAt.IsZero() || !now.Before(q.resetAt):
+			q.resetAt = resetAt
+		case absDuration(resetAt.Sub(q.resetAt)) > time.Second:
+			q.sliding, q.counts = true, false // the moment moved within the window: a bucket
+			q.resetAt = resetAt
+		case resetAt.Before(q.resetAt) && sig.Reset > 0:
+			// Said in whole seconds, counted from a Date in whole
+			// seconds, the moment comes late by up to a second: the
+			// earliest said is the nearest. A reset of 0 s says only
+			// that it falls within the second, not that it is now.
+			q.resetAt = resetAt
+		}
+	}
+	if sig.Remaining >= 0 && q.rolled {
+		// Not whole after its reset: it counts the window before.
+		if !q.sliding && sig.Remaining < q.limit-q.since {
+			q.sliding, q.counts = true, true
+			q.syncAt, q.syncLeft = now, max(sig.Remaining-m.inflight, 0)
+		}
+		q.fixed = !q.sliding
+		q.probing = false
+	}
+	if sig.Remaining >= 0 {
+		q.watchSpare(sig.Remaining, now)
+		q.restarted(sig, now)
+		// What was in flight when the host counted is taken from it too.
+		q.remaining, q.taken, q.at = sig.Remaining-m.inflight, 0, now
+	}
+}
+
+// restarted marks a window seen to start anew: spent, then whole within
+// half a window, with a reset a window later. Neither a bucket nor a
+// sliding count gives back more than its rate in the time between, and
+// answers out of order are of one window (the same reset) or say an
+// earlier reset after a later one.
+func (q *quota) restarted(sig *Signal, now time.Time) {
+	var resetAt time.Time
+	if sig.Reset >= 0 {
+		resetAt = now.Add(sig.Reset)
+	}
+	if q.said <= 1 && sig.Remaining >= q.limit-1 && q.limit > 2 && now.Sub(q.saidAt) < q.window/2 &&
+		!q.saidReset.IsZero() && !resetAt.IsZero() && resetAt.Sub(q.saidReset) >= q.window/2 {
+		q.restarts = true
+	}
+	q.said, q.saidReset, q.saidAt = sig.Remaining, resetAt, now
+}
+
+// tookQuota counts an attempt against the host's announced quota.
+func (m *hostModel) tookQuota() {
+	if m.q.active() {
+		m.q.taken++
+		if m.q.rolled {
+			m.q.since++
+		}
+	}
+}
+
+// syncQuota charges the pace's burst, once, with what a window just seen
+// to slide still counts: a client that waited for a reset has its whole
+// burst in hand, which the window would refuse. Only when the quota is
+// what paces the host.
+func (m *hostModel) syncQuota(st *hostState, pace Pace, now time.Time) {
+	q := &m.q
+	if q.renewed {
+		// The slots handed out were of the announcement replaced: the
+		// new one is charged below with what it says remains, no more.
+		q.renewed = false
+		if st.tat.After(now) {
+			st.tat = now
+		}
+	}
+	if q.syncAt.IsZero() {
+		return
+	}
+	if m.ctl.rate == 0 && pace == m.pace() {
+		floor := q.syncAt.Add(time.Duration(max(pace.Burst-q.syncLeft, 0)) * pace.interval())
+		if !q.resetAt.IsZero() {
+			// Whatever remains, the window is whole at its reset: no
+			// charge holds a slot past it.
+			if whole := q.resetAt.Add(time.Duration(pace.Burst-1) * pace.interval()); floor.After(whole) {
+				floor = whole
+			}
+		}
+		if st.tat.Before(floor) {
+			st.tat = floor
+		}
+	}
+	q.syncAt = time.Time{}
+}

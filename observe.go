@@ -1,0 +1,144 @@
+package retryhttp
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+)
+
+// observe reads what an answer says of its host, parks the host when it
+// named a wait, tells the limiter what the answer says of the host, and
+// fills in a for decide. It reports false for a plain success: nothing to
+// observe and nothing to decide. For a host without a model that costs
+// three header lookups: no clock reading, no parsing and no call to the
+// limiter.
+func (c *call) observe(a *answer) bool {
+	t, resp := c.t, a.resp
+	var (
+		h     http.Header
+		code  int
+		quota bool
+	)
+	if resp != nil {
+		h, code = resp.Header, resp.StatusCode
+		// A host that announces a quota says what remains of it too: a
+		// few map lookups (quotaHeaders) tell such an answer.
+		quota = quotaHeaders(h)
+	}
+	plain := resp != nil && code < 400 && c.retryIf == nil && !t.statuses.has(code)
+	tell := a.adm.report || quota || t.hedgeLearns
+	if plain && !tell {
+		if tell = c.sentBeforeRecord(); !tell {
+			return false
+		}
+	}
+	now := t.clock.Now()
+	a.now = now
+	sig := Signal{Now: now, Ticket: a.adm.ticket, Latency: now.Sub(a.adm.at), Status: code, Reset: -1, Remaining: -1,
+		KeepLatency: t.hedgeLearns}
+	if resp == nil {
+		sig.Err, sig.Failed = a.err, true
+		sig.Canceled = c.ctx.Err() != nil // the caller's doing, not the host's
+		sig.Unreachable = dialFailed(a.err)
+	} else {
+		c.readWaits(a, h, quota, &sig)
+	}
+	a.refused = sig.Refused
+	if o := sig.outcome(); t.noLearning || (!tell && (o == accepted || o == saysNothing)) {
+		if t.noLearning {
+			c.latencyOnly(&sig, o, a.adm.report) // hedge.go: the learned hedge delay's latencies
+		}
+		return !plain
+	}
+	sig.Sent, sig.InFlight = t.sentLastSecond(now), int(t.inflight.Load())
+	st, err := t.limiter.Learn(c.ctx, c.hostName(), sig)
+	if err != nil && t.logger != nil {
+		t.logger.LogAttrs(c.ctx, slog.LevelWarn, "retryhttp: learning failed",
+			slog.String("host", c.hostName()), slog.String("error", err.Error()))
+	}
+	a.down = st.State == HostDown
+	a.paced = sig.Refused && (st.State == HostOverloaded || st.State == HostRecovering)
+	return !plain
+}
+
+// sentBeforeRecord reports, for an attempt that got no ticket, whether a
+// host just got a record: its answer may be one of a burst that host is
+// still answering, which the record wants to hear of (see held). One
+// atomic load while no host has a record.
+func (c *call) sentBeforeRecord() bool {
+	l := c.t.free
+	if l == nil || l.learning.Load() == 0 {
+		return false
+	}
+	return c.t.clock.Now().Sub(l.epoch).Nanoseconds() < l.freshUntil.Load()
+}
+
+// readWaits reads the waits and the quota an answer names, parks the host
+// when it named one, and fills in the Signal.
+func (c *call) readWaits(a *answer, h http.Header, quota bool, sig *Signal) {
+	t, resp, now := c.t, a.resp, a.now
+	code := resp.StatusCode
+	var q announcement
+	// A quota of some of the host's endpoints (GitHub's search, graphql,
+	// ... beside core, under the same header names) says nothing of the
+	// host: it paces nothing, and its spent quota holds only the request
+	// that met it (which waits for the reset), not the host's others. A
+	// Retry-After on a refusal is the host's word all the same.
+	scoped := quota && scopedQuota(h)
+	if quota && !t.noLearning && !scoped {
+		q = announced(h, now)
+	}
+	a.wait, a.named = serverWait(resp, now)
+	park := a.named && a.wait > 0 && (code >= 400 || t.noLearning || q.limit == 0)
+	if park && scoped {
+		_, said := retryAfter(h, now)
+		park = said && code >= 400
+	}
+	// A spent quota on a success is the model's to hold while it learns
+	// (until the reset, or the next grant of a window that slides); a
+	// refusal that names its moment parks the host.
+	if park {
+		until := t.park(c.ctx, c.hostName(), now, max(a.wait, t.raFloor))
+		if len(t.onPark) > 0 {
+			ev := ParkEvent{Request: c.req, Host: c.hostName(), Until: until, Status: code}
+			for _, hook := range t.onPark {
+				hook(ev)
+			}
+		}
+	}
+	limited := code == http.StatusTooManyRequests || (!scoped && quotaRefusal(resp, now)) // the host says it limits the rate
+	// A 503 or 529 is a refusal too: bare (nginx's limit_req, a full
+	// queue), or naming when to come back, which says the host limits
+	// what it takes as a 429 does.
+	busy := code == http.StatusServiceUnavailable || code == statusOverloaded
+	sig.Refused = limited || busy
+	if (limited || busy) && a.named {
+		sig.Wait = max(a.wait, t.raFloor)
+	}
+	sig.Limit, sig.Window, sig.Reset, sig.Remaining = q.limit, q.window, q.reset, q.remaining
+}
+
+// dialFailed reports an attempt that never got a connection: a dial that
+// failed, refused or unreachable.
+func dialFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// serverWait is the wait a response names: Retry-After on an error status,
+// else the reset of a spent quota.
+func serverWait(resp *http.Response, now time.Time) (time.Duration, bool) {
+	h := resp.Header
+	if resp.StatusCode >= 400 {
+		if w, ok := retryAfter(h, now); ok {
+			return w, true
+		}
+	}
+	return quotaReset(h, now)
+}
+
+// learnMaxWindow is the longest window an announced quota may have: a
+// longer one is absurd, and ignored.
+const learnMaxWindow = 24 * time.Hour
