@@ -228,7 +228,7 @@ func (m *hostModel) release(t uint64) (tracked bool, load int) {
 
 // answer takes in what an attempt got, and makes the transition it calls
 // for. It is the model's one entry for answers.
-func (m *hostModel) answer(sig *Signal, l *localLimiter, host string) {
+func (m *hostModel) answer(sig *Signal, ev *changes) {
 	now := sig.Now
 	tracked, load := m.release(sig.Ticket)
 	defer m.wake(now) // a slot freed, or a limit changed: the waiters first
@@ -236,7 +236,7 @@ func (m *hostModel) answer(sig *Signal, l *localLimiter, host string) {
 		m.ghosts = max(m.ghosts-1, 0)
 	}
 	if sig.Limit > 0 {
-		m.learnQuota(l, host, sig)
+		m.learnQuota(ev, sig)
 	}
 	o := sig.outcome()
 	if o == saysNothing {
@@ -278,7 +278,7 @@ func (m *hostModel) answer(sig *Signal, l *localLimiter, host string) {
 		m.streak = 0
 		m.tally(false)
 		if m.state == HostDown {
-			m.recover(l, host, now)
+			m.recover(ev, now)
 		}
 		if o == served {
 			m.lastTrouble = now
@@ -296,7 +296,7 @@ func (m *hostModel) answer(sig *Signal, l *localLimiter, host string) {
 			m.tally(true)
 		}
 		if m.explained(sig, overlapped) {
-			m.overload(l, host, sig, tracked, load, overlapped)
+			m.overload(ev, sig, tracked, load, overlapped)
 		} else {
 			m.fail(now)
 		}
@@ -309,7 +309,7 @@ func (m *hostModel) answer(sig *Signal, l *localLimiter, host string) {
 		}
 	}
 	if m.state != HostDown && m.falls(now) {
-		m.fall(l, host, now)
+		m.fall(ev, now)
 	}
 	m.heal(now)
 }

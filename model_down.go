@@ -1,7 +1,6 @@
 package retryhttp
 
 import (
-	"log/slog"
 	"math"
 	"time"
 )
@@ -98,19 +97,18 @@ func (m *hostModel) tally(failed bool) {
 
 // fall: any → Down. The host is handed back at once but for its probes,
 // one every probeEvery; requests waiting for a slot in flight learn of it.
-func (m *hostModel) fall(l *localLimiter, host string, now time.Time) {
+func (m *hostModel) fall(ev *changes, now time.Time) {
 	m.down = outage{next: now.Add(probeEvery), oldRate: m.rateBefore, oldCtl: m.ctlBefore}
 	m.failShare = m.shareBefore // what the host failed before it was down
 	m.setState(HostDown, now)
 	m.wake(now)
-	l.log(host, "retryhttp: host down", slog.String("since", m.streakFrom.UTC().Format(time.RFC3339Nano)),
-		slog.String("last", m.lastFailure))
+	ev.add(change{kind: evDown, since: m.streakFrom, last: m.lastFailure})
 }
 
 // recover: Down → Recovering, at the rate the host took before, or what
 // the callers asked of it meanwhile when that is less; its old pace, if it
 // had one, when it was overloaded.
-func (m *hostModel) recover(l *localLimiter, host string, now time.Time) {
+func (m *hostModel) recover(ev *changes, now time.Time) {
 	r := m.down.oldRate
 	if asked := m.down.turnedAway.lastSecond(now); asked > 0 && (r == 0 || asked < r) {
 		r = asked
@@ -123,7 +121,7 @@ func (m *hostModel) recover(l *localLimiter, host string, now time.Time) {
 		// Nothing is known of what it takes: it never served, nor was
 		// asked anything meanwhile. It is not held back on a guess.
 		m.setState(HostFailing, now)
-		l.log(host, "retryhttp: host back", paceAttr("pace", 0))
+		ev.add(change{kind: evBack})
 		return
 	}
 	if was.rate > 0 || was.limit > 0 {
@@ -134,5 +132,5 @@ func (m *hostModel) recover(l *localLimiter, host string, now time.Time) {
 	m.ctl.burst = max(1, int(m.ctl.rate*horizon.Seconds()))
 	m.ctl.grownAt, m.ctl.busyAt = now, now
 	m.setState(HostRecovering, now)
-	l.log(host, "retryhttp: host back", paceAttr("pace", m.ctl.rate))
+	ev.add(change{kind: evBack, to: m.ctl.rate})
 }

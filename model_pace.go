@@ -1,7 +1,6 @@
 package retryhttp
 
 import (
-	"log/slog"
 	"math"
 	"time"
 )
@@ -80,7 +79,7 @@ func (m *hostModel) sentLastSecond(sig *Signal) float64 {
 // hold; or the limit in flight set to what it accepted at once, when it
 // refused only beyond that. A refusal of the same burst after a cut may
 // lower the pace further, to what it shows was accepted.
-func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked bool, load int, overlapped bool) {
+func (m *hostModel) overload(ev *changes, sig *Signal, tracked bool, load int, overlapped bool) {
 	now, c := sig.Now, &m.ctl
 	lastLoad := m.lastLoad
 	m.lastLoad = now
@@ -121,11 +120,11 @@ func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked 
 		// explains that, a rate does.
 		c.limit, c.burstCut, c.ceil = 0, false, c.beforeCeil
 		if c.before > 0 {
-			m.setRate(l, host, c.before, now)
+			m.setRate(ev, c.before, now)
 			c.holdUntil, c.grownAt, c.nearAt = now.Add(holdTime), now, now
 			return
 		}
-		m.cutRate(l, host, now, accepted, sent, false, false)
+		m.cutRate(ev, now, accepted, sent, false, false)
 		return
 	case c.limit > 0:
 		// Refused with others in flight: one fewer at once. A limit one
@@ -148,7 +147,7 @@ func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked 
 				// flight, as in cutRate.
 				c.guess, c.notBefore = int(math.Round(accepted)), c.holdUntil
 			}
-			m.setRate(l, host, max(cutShare*accepted, 1/holdTime.Seconds()), now)
+			m.setRate(ev, max(cutShare*accepted, 1/holdTime.Seconds()), now)
 		}
 		return
 	case m.phaseRefusal(sig, sent):
@@ -161,14 +160,14 @@ func (m *hostModel) overload(l *localLimiter, host string, sig *Signal, tracked 
 		m.lastLoad = lastLoad
 		return // refusals at the share it refuses whatever the load
 	}
-	switch m.checkCut(l, host, now, now.Sub(c.busyAt) < holdTime, holdTime) {
+	switch m.checkCut(ev, now, now.Sub(c.busyAt) < holdTime, holdTime) {
 	case undecided:
 		m.lastLoad = lastLoad
 		return // too few answers since the last cut to tell whether it helped
 	case byChance:
 		return // the cut a hold ago did not move the share it refuses
 	}
-	m.cutRate(l, host, now, accepted, sent, m.fresh(now), overlapped)
+	m.cutRate(ev, now, accepted, sent, m.fresh(now), overlapped)
 	if sig.limits() {
 		c.cutAt = time.Time{} // the host said it limits the rate: nothing to check
 	}
@@ -220,7 +219,7 @@ func (m *hostModel) noise(now time.Time, sent float64) bool {
 }
 
 // cutRate paces the host at cutShare of what it accepted.
-func (m *hostModel) cutRate(l *localLimiter, host string, now time.Time, accepted, sent float64, burst, overlapped bool) {
+func (m *hostModel) cutRate(ev *changes, now time.Time, accepted, sent float64, burst, overlapped bool) {
 	c := &m.ctl
 	target := cutShare * accepted
 	if p := m.pace(); !p.Unlimited() {
@@ -250,27 +249,24 @@ func (m *hostModel) cutRate(l *localLimiter, host string, now time.Time, accepte
 		}
 		c.lowered = [2]float64{}
 	}
-	m.setRate(l, host, max(target, 1/holdTime.Seconds()), now)
+	m.setRate(ev, max(target, 1/holdTime.Seconds()), now)
 }
 
-// setRate changes the learned pace, and logs a change that matters.
-func (m *hostModel) setRate(l *localLimiter, host string, r float64, now time.Time) {
+// setRate changes the learned pace, and notes a change that matters.
+func (m *hostModel) setRate(ev *changes, r float64, now time.Time) {
 	c := &m.ctl
 	old := c.rate
 	c.rate, c.burst = r, 1
 	if m.state == HostRecovering {
 		c.burst = max(1, int(r*horizon.Seconds()))
 	}
-	if old == r || (old > 0 && r > 0 && r < 2*old && r > old/2) {
-		return
-	}
-	l.logPace(host, old, r)
+	ev.pace(old, r)
 }
 
 // adjust runs before each attempt: it grows a pace that binds, settles one
 // that holds nothing back, tries a guessed limit in flight, and clears a
 // host the cut did not help.
-func (m *hostModel) adjust(l *localLimiter, host string, now time.Time) {
+func (m *hostModel) adjust(ev *changes, now time.Time) {
 	c := &m.ctl
 	if c.rate == 0 && c.limit == 0 {
 		r := m.q.paceRate()
@@ -282,7 +278,7 @@ func (m *hostModel) adjust(l *localLimiter, host string, now time.Time) {
 		// while nothing is refused.
 		c.step, c.grownAt = probeStep, now
 		m.q.beyond = true
-		m.setRate(l, host, r, now)
+		m.setRate(ev, r, now)
 		return
 	}
 	if m.q.spare && !m.q.beyond && now.Sub(c.busyAt) < holdTime {
@@ -305,7 +301,7 @@ func (m *hostModel) adjust(l *localLimiter, host string, now time.Time) {
 	}
 	defer func() { c.grownAt = now }()
 	binds := now.Sub(c.busyAt) < holdTime
-	if m.checkCut(l, host, now, binds, 2*holdTime) == byChance {
+	if m.checkCut(ev, now, binds, 2*holdTime) == byChance {
 		return
 	}
 	switch {
@@ -320,13 +316,13 @@ func (m *hostModel) adjust(l *localLimiter, host string, now time.Time) {
 		// refusal of an attempt sent alone.
 		c.tried, c.before, c.beforeCeil = true, c.rate, c.ceil
 		c.limit, c.rate, c.ceil, c.acked = max(m.inflight, 1), 0, float64(c.guess)+1, 0
-		l.log(host, "retryhttp: trying limit", slog.Int("in_flight", c.guess))
+		ev.add(change{kind: evTryLimit, n: c.guess})
 	case binds && now.Sub(m.lastLoad) >= holdTime:
-		m.grow(l, host, now) // failures that load does not explain do not hold it back
+		m.grow(ev, now) // failures that load does not explain do not hold it back
 	case !binds && now.Sub(m.lastTrouble) >= forgetAfter:
 		// settle: the pace holds nothing back, and nothing went wrong for
 		// long enough that what was learned is stale.
-		l.logPace(host, c.rate, 0)
+		ev.pace(c.rate, 0)
 		m.ctl = control{}
 		m.setState(HostHealthy, now)
 	}
@@ -353,7 +349,7 @@ const (
 // the record is forgotten. A cut that lowered the share is followed by
 // the next with the share since it as what came before: what remains may
 // be chance.
-func (m *hostModel) checkCut(l *localLimiter, host string, now time.Time, binds bool, after time.Duration) cutVerdict {
+func (m *hostModel) checkCut(ev *changes, now time.Time, binds bool, after time.Duration) cutVerdict {
 	c := &m.ctl
 	if c.cutAt.IsZero() || c.limit > 0 || now.Sub(c.cutAt) < after {
 		return unchecked
@@ -390,7 +386,7 @@ func (m *hostModel) checkCut(l *localLimiter, host string, now time.Time, binds 
 	}
 	c.cutAt = time.Time{}
 	m.exShare = r / n
-	l.log(host, "retryhttp: refusals by chance", slog.Float64("share", round2(m.exShare)))
+	ev.add(change{kind: evChance, from: m.exShare})
 	if c.cutFrom == 0 {
 		m.ctl = control{}
 		m.setState(HostFailing, now)
@@ -413,7 +409,7 @@ func (m *hostModel) undecided(now time.Time) cutVerdict {
 // grow raises a pace or limit that binds: up to just below what the host
 // accepted when it last refused, a while there, then faster and faster
 // past it, in case the host can take more now.
-func (m *hostModel) grow(l *localLimiter, host string, now time.Time) {
+func (m *hostModel) grow(ev *changes, now time.Time) {
 	c := &m.ctl
 	if c.limit > 0 {
 		switch {
@@ -432,7 +428,7 @@ func (m *hostModel) grow(l *localLimiter, host string, now time.Time) {
 	}
 	c.cutAt = time.Time{} // a pace grown since the cut tells nothing of it
 	if m.state == HostRecovering && c.ceil == 0 {
-		m.setRate(l, host, 2*c.rate, now) // nothing refused since it came back
+		m.setRate(ev, 2*c.rate, now) // nothing refused since it came back
 		return
 	}
 	near := nearShare * c.ceil
@@ -460,5 +456,5 @@ func (m *hostModel) grow(l *localLimiter, host string, now time.Time) {
 			next = min(next, r)
 		}
 	}
-	m.setRate(l, host, next, now)
+	m.setRate(ev, next, now)
 }

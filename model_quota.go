@@ -1,7 +1,6 @@
 package retryhttp
 
 import (
-	"log/slog"
 	"math"
 	"time"
 )
@@ -236,7 +235,7 @@ func (m *hostModel) quotaWait(now time.Time) (time.Time, bool) {
 }
 
 // learnQuota takes in what an answer announces.
-func (m *hostModel) learnQuota(l *localLimiter, host string, sig *Signal) {
+func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 	q, now := &m.q, sig.Now
 	window := sig.Window
 	if window <= 0 {
@@ -255,7 +254,7 @@ func (m *hostModel) learnQuota(l *localLimiter, host string, sig *Signal) {
 		// mean nothing to one of 30 a minute (syncQuota).
 		renewed := q.active()
 		*q = quota{renewed: renewed}
-		l.log(host, "retryhttp: quota", slog.Int("limit", sig.Limit), slog.String("window", window.String()))
+		ev.add(change{kind: evQuota, n: sig.Limit, window: window})
 		if sig.Remaining >= 0 {
 			// What was sent before the host said its quota is spent from
 			// the pace's burst too, once: a burst sent before any answer

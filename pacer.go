@@ -222,7 +222,9 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 	if m.state == HostDown {
 		return m.admitDown(a.Host, a.Now), nil
 	}
-	m.adjust(l, a.Host, a.Now)
+	var ev changes
+	m.adjust(&ev, a.Now)
+	l.logChanges(a.Host, &ev)
 	m.wake(a.Now) // a limit grown or gone: the waiters first
 	if a.Waited != nil {
 		if t := m.collect(a.Waited); t != 0 {
@@ -391,7 +393,9 @@ func (l *localLimiter) Learn(_ context.Context, host string, sig Signal) (HostSt
 			}
 		}
 	}
-	m.answer(&sig, l, host)
+	var ev changes
+	m.answer(&sig, &ev)
+	l.logChanges(host, &ev)
 	return m.status(), nil
 }
 
