@@ -320,7 +320,7 @@ func (m *hostModel) answer(sig *Signal, ev *changes) {
 // place.
 func (m *hostModel) heal(now time.Time) {
 	if m.state == HostFailing && now.Sub(m.lastTrouble) >= forgetAfter {
-		m.setState(HostHealthy, now)
+		m.move(toHeal, now)
 		m.exShare = 0
 	}
 }
@@ -328,13 +328,7 @@ func (m *hostModel) heal(now time.Time) {
 // fail: Healthy → Failing. A failing host is not slowed.
 func (m *hostModel) fail(now time.Time) {
 	if m.state == HostHealthy {
-		m.setState(HostFailing, now)
-	}
-}
-
-func (m *hostModel) setState(s HostState, now time.Time) {
-	if m.state != s {
-		m.state, m.since = s, now
+		m.move(toFail, now)
 	}
 }
 

@@ -100,7 +100,7 @@ func (m *hostModel) tally(failed bool) {
 func (m *hostModel) fall(ev *changes, now time.Time) {
 	m.down = outage{next: now.Add(probeEvery), oldRate: m.rateBefore, oldCtl: m.ctlBefore}
 	m.failShare = m.shareBefore // what the host failed before it was down
-	m.setState(HostDown, now)
+	m.move(toFall, now)
 	m.wake(now)
 	ev.add(change{kind: evDown, since: m.streakFrom, last: m.lastFailure})
 }
@@ -120,7 +120,7 @@ func (m *hostModel) recover(ev *changes, now time.Time) {
 	if r == 0 && was.rate == 0 && was.limit == 0 {
 		// Nothing is known of what it takes: it never served, nor was
 		// asked anything meanwhile. It is not held back on a guess.
-		m.setState(HostFailing, now)
+		m.move(toReturn, now)
 		ev.add(change{kind: evBack})
 		return
 	}
@@ -131,6 +131,6 @@ func (m *hostModel) recover(ev *changes, now time.Time) {
 	}
 	m.ctl.burst = max(1, int(m.ctl.rate*horizon.Seconds()))
 	m.ctl.grownAt, m.ctl.busyAt = now, now
-	m.setState(HostRecovering, now)
+	m.move(toRecover, now)
 	ev.add(change{kind: evBack, to: m.ctl.rate})
 }

@@ -109,7 +109,7 @@ func (m *hostModel) overload(ev *changes, sig *Signal, tracked bool, load int, o
 			m.lastLoad = lastLoad
 			return
 		}
-		m.setState(HostOverloaded, now)
+		m.move(toOverload, now)
 		*c = control{}
 	}
 	switch {
@@ -324,7 +324,7 @@ func (m *hostModel) adjust(ev *changes, now time.Time) {
 		// long enough that what was learned is stale.
 		ev.pace(c.rate, 0)
 		m.ctl = control{}
-		m.setState(HostHealthy, now)
+		m.move(toSettle, now)
 	}
 }
 
@@ -389,7 +389,7 @@ func (m *hostModel) checkCut(ev *changes, now time.Time, binds bool, after time.
 	ev.add(change{kind: evChance, from: m.exShare})
 	if c.cutFrom == 0 {
 		m.ctl = control{}
-		m.setState(HostFailing, now)
+		m.move(toChance, now)
 		return byChance
 	}
 	c.holdUntil, c.grownAt = now, now
