@@ -486,9 +486,10 @@ func TestHostModelOutageAndReturn(t *testing.T) {
 // requests waiting for one in the order they came; one that stops waiting
 // is passed over, and a slot kept for it goes to the next.
 func TestInFlightQueueOrder(t *testing.T) {
-	now := time.Unix(1000, 0)
-	m := &hostModel{state: HostOverloaded}
+	m := newModel(1, time.Unix(1000, 0))
+	m.state = HostOverloaded
 	m.ctl.limit = 1
+	now := m.at(time.Unix(1000, 0))
 	first := m.send(now)
 	w1, w2, w3 := m.enqueue(), m.enqueue(), m.enqueue()
 	closed := func(w *waiter) bool {

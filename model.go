@@ -133,12 +133,13 @@ const (
 // hostModel is what the in-process limiter knows of one host that failed,
 // refused or announced a quota. It is guarded by its shard's lock.
 type hostModel struct {
-	gen         uint32 // tells this record's tickets from an earlier one's
+	base        time.Time // the instants' zero
+	gen         uint32    // tells this record's tickets from an earlier one's
 	state       HostState
-	since       time.Time
-	seen        time.Time // last asked or answered
-	lastTrouble time.Time // last refusal or failure
-	lastLoad    time.Time // last refusal that load explained
+	since       instant
+	seen        instant // last asked or answered
+	lastTrouble instant // last refusal or failure
+	lastLoad    instant // last refusal that load explained
 
 	// What went out and came back.
 	inflight     int    // attempts with a ticket, sent and not answered
@@ -147,8 +148,8 @@ type hostModel struct {
 	accepts      sliding // answers not refused, with or without a ticket
 	refusals     sliding
 	okLoad       twoSeconds // the most in flight at the send of an accepted attempt
-	answered     time.Time  // when the last answer came, and when it was sent
-	answeredSent time.Time
+	answered     instant    // when the last answer came, and when it was sent
+	answeredSent instant
 	held         bool    // it served an attempt of ours while it refused others
 	exShare      float64 // the share it refused after cuts that did not lower it
 	timing       bool    // its latencies are kept, for a Transport that hedges
@@ -157,7 +158,7 @@ type hostModel struct {
 
 	// The run of failures that may make the host down.
 	streak      int
-	streakFrom  time.Time
+	streakFrom  instant
 	streakSeq   uint32 // the first ticket sent after the run began
 	older       int    // attempts sent before the run began, still in flight: they may yet succeed
 	reachable   bool   // some failure of the run had a connection
@@ -189,8 +190,11 @@ func absDuration(d time.Duration) time.Duration {
 
 // newModel starts the record of a host at its first failure, refusal or
 // announcement.
-func newModel(gen uint32, now time.Time) *hostModel {
-	return &hostModel{gen: gen, since: now, seen: now}
+func newModel(gen uint32, t time.Time) *hostModel {
+	m := &hostModel{gen: gen, base: t.Add(-baseSlack)}
+	m.since = m.at(t)
+	m.seen = m.since
+	return m
 }
 
 // ticket is a reservation's stamp: the record it belongs to, the attempt's
@@ -204,7 +208,7 @@ func ticketParts(t uint64) (gen, seq uint32, load int) {
 }
 
 // send counts an attempt the limiter let go, and returns its ticket.
-func (m *hostModel) send(now time.Time) uint64 {
+func (m *hostModel) send(now instant) uint64 {
 	m.seq++
 	m.inflight++
 	m.sent.add(now, 1)
@@ -229,7 +233,7 @@ func (m *hostModel) release(t uint64) (tracked bool, load int) {
 // answer takes in what an attempt got, and makes the transition it calls
 // for. It is the model's one entry for answers.
 func (m *hostModel) answer(sig *Signal, ev *changes) {
-	now := sig.Now
+	now := m.at(sig.Now)
 	tracked, load := m.release(sig.Ticket)
 	defer m.wake(now) // a slot freed, or a limit changed: the waiters first
 	if !tracked && !sig.Canceled && (sig.Status != 0 || sig.Failed) {
@@ -318,7 +322,7 @@ func (m *hostModel) answer(sig *Signal, ev *changes) {
 // record kept while the host is busy (requests always in flight, or its
 // latencies kept for hedging) is not forgotten, so the state must mend in
 // place.
-func (m *hostModel) heal(now time.Time) {
+func (m *hostModel) heal(now instant) {
 	if m.state == HostFailing && now.Sub(m.lastTrouble) >= forgetAfter {
 		m.move(toHeal, now)
 		m.exShare = 0
@@ -326,13 +330,13 @@ func (m *hostModel) heal(now time.Time) {
 }
 
 // fail: Healthy → Failing. A failing host is not slowed.
-func (m *hostModel) fail(now time.Time) {
+func (m *hostModel) fail(now instant) {
 	if m.state == HostHealthy {
 		m.move(toFail, now)
 	}
 }
 
-func later(a, b time.Time) time.Time {
+func later(a, b instant) instant {
 	if a.After(b) {
 		return a
 	}
@@ -341,7 +345,7 @@ func later(a, b time.Time) time.Time {
 
 // fresh reports whether the record is a hold old or less: what it hears
 // of is still the burst that made it.
-func (m *hostModel) fresh(now time.Time) bool { return now.Sub(m.since) < holdTime }
+func (m *hostModel) fresh(now instant) bool { return now.Sub(m.since) < holdTime }
 
 // pace is the learned pace, unlimited when none.
 func (m *hostModel) pace() Pace {
@@ -356,11 +360,14 @@ func (m *hostModel) pace() Pace {
 	return Pace{Limit: rate.Inf}
 }
 
+// quietFor is how long ago the host was last asked for or answered.
+func (m *hostModel) quietFor(t time.Time) time.Duration { return m.at(t).Sub(m.seen) }
+
 // status says what the record knows, for Learn's caller.
 func (m *hostModel) status() HostStatus {
-	s := HostStatus{State: m.state, Since: m.since, Pace: m.pace(), InFlight: m.ctl.limit}
+	s := HostStatus{State: m.state, Since: m.time(m.since), Pace: m.pace(), InFlight: m.ctl.limit}
 	if m.state == HostDown {
-		s.Retry = m.down.next
+		s.Retry = m.time(m.down.next)
 	}
 	return s
 }
@@ -368,7 +375,8 @@ func (m *hostModel) status() HostStatus {
 // expired reports whether the record can be forgotten: nothing is in
 // flight, it is not down or holding a pace (unless nobody asked for the
 // host lately), and nothing went wrong with the host for forgetAfter.
-func (m *hostModel) expired(now time.Time) bool {
+func (m *hostModel) expired(t time.Time) bool {
+	now := m.at(t)
 	if (m.inflight > 0 || m.timing) && now.Sub(m.seen) < forgetAfter {
 		return false
 	}

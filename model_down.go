@@ -2,41 +2,40 @@ package retryhttp
 
 import (
 	"math"
-	"time"
 )
 
 // outage is what a down host's record keeps.
 type outage struct {
-	next       time.Time // the next probe
-	turnedAway sliding   // what the callers asked while it was down
-	oldRate    float64   // what it accepted before its run of failures
-	oldCtl     control   // how it was held before the run
+	next       instant // the next probe
+	turnedAway sliding // what the callers asked while it was down
+	oldRate    float64 // what it accepted before its run of failures
+	oldCtl     control // how it was held before the run
 }
 
 // admitDown lets a probe go once every probeEvery, and hands every other
 // attempt back at once.
-func (m *hostModel) admitDown(host string, now time.Time) Reservation {
+func (m *hostModel) admitDown(host string, now instant) Reservation {
 	d := &m.down
 	if !now.Before(d.next) {
 		d.next = now.Add(probeEvery)
 		return Reservation{OK: true, Report: true, Ticket: m.send(now)}
 	}
 	d.turnedAway.add(now, 1)
-	return Reservation{Down: &HostDownError{Host: host, Since: m.streakFrom, Last: m.lastFailure, Retry: d.next}}
+	return Reservation{Down: &HostDownError{Host: host, Since: m.time(m.streakFrom), Last: m.lastFailure, Retry: m.time(d.next)}}
 }
 
 // failure adds an answer that got nothing through to the run that may make
 // the host down.
 func (m *hostModel) failure(sig *Signal, overlapped bool) {
 	if m.streak == 0 {
-		m.streakFrom, m.streakSeq, m.reachable, m.together = sig.Now, m.seq+1, false, false
+		m.streakFrom, m.streakSeq, m.reachable, m.together = m.at(sig.Now), m.seq+1, false, false
 		// Attempts sent before this one, still in flight, may yet get
 		// through: the host is not down while they may.
 		m.older = m.inflight
 		// What the host took before the run, to be paced at when it comes
 		// back; for a record just made, the process's rate bounds it.
-		m.rateBefore = m.accepts.lastSecond(sig.Now)
-		if m.fresh(sig.Now) {
+		m.rateBefore = m.accepts.lastSecond(m.at(sig.Now))
+		if m.fresh(m.at(sig.Now)) {
 			m.rateBefore = max(m.rateBefore, sig.Sent)
 		}
 		// What the run does to the pace is not what the host took: the
@@ -54,7 +53,7 @@ func (m *hostModel) failure(sig *Signal, overlapped bool) {
 // run is long enough: downFailures when no connection could be made at
 // all, or over downAfter; downRun when each was sent after the last was
 // answered.
-func (m *hostModel) falls(now time.Time) bool {
+func (m *hostModel) falls(now instant) bool {
 	need := m.runNeeded()
 	if m.streak < need || m.older > 0 {
 		return false
@@ -97,18 +96,18 @@ func (m *hostModel) tally(failed bool) {
 
 // fall: any → Down. The host is handed back at once but for its probes,
 // one every probeEvery; requests waiting for a slot in flight learn of it.
-func (m *hostModel) fall(ev *changes, now time.Time) {
+func (m *hostModel) fall(ev *changes, now instant) {
 	m.down = outage{next: now.Add(probeEvery), oldRate: m.rateBefore, oldCtl: m.ctlBefore}
 	m.failShare = m.shareBefore // what the host failed before it was down
 	m.move(toFall, now)
 	m.wake(now)
-	ev.add(change{kind: evDown, since: m.streakFrom, last: m.lastFailure})
+	ev.add(change{kind: evDown, since: m.time(m.streakFrom), last: m.lastFailure})
 }
 
 // recover: Down → Recovering, at the rate the host took before, or what
 // the callers asked of it meanwhile when that is less; its old pace, if it
 // had one, when it was overloaded.
-func (m *hostModel) recover(ev *changes, now time.Time) {
+func (m *hostModel) recover(ev *changes, now instant) {
 	r := m.down.oldRate
 	if asked := m.down.turnedAway.lastSecond(now); asked > 0 && (r == 0 || asked < r) {
 		r = asked

@@ -14,18 +14,18 @@ type control struct {
 	limit      int     // attempts in flight; 0: no limit
 	ceil       float64 // what the host accepted when it last refused (a rate, or a count in flight); 0: unknown
 	step       float64 // the next step past ceil
-	holdUntil  time.Time
-	grownAt    time.Time
-	nearAt     time.Time // when the pace reached just below ceil
-	busyAt     time.Time // when a request last waited for the pace or a slot
-	burstCut   bool      // the last cut was of a burst sent before the host had a record
-	notBefore  time.Time // the pace's first slot after that cut
-	guess      int       // what the host took at once in that burst: a limit in flight to try
-	tried      bool      // the guess was tried
-	before     float64   // the rate to return to when a limit in flight is refuted, and its ceil
+	holdUntil  instant
+	grownAt    instant
+	nearAt     instant // when the pace reached just below ceil
+	busyAt     instant // when a request last waited for the pace or a slot
+	burstCut   bool    // the last cut was of a burst sent before the host had a record
+	notBefore  instant // the pace's first slot after that cut
+	guess      int     // what the host took at once in that burst: a limit in flight to try
+	tried      bool    // the guess was tried
+	before     float64 // the rate to return to when a limit in flight is refuted, and its ceil
 	beforeCeil float64
 	acked      int // accepted answers since the limit last grew
-	cutAt      time.Time
+	cutAt      instant
 	cutBefore  [2]float64 // the answers before the cut, and the refusals among them
 	lowered    [2]float64 // the answers since a cut that lowered the share refused, and the refusals
 	cutBound   bool       // the pace bound since the cut
@@ -36,7 +36,7 @@ type control struct {
 
 // acked1 grows a limit in flight below what the host took at once by one
 // for every limit's worth of accepted answers, while requests wait for it.
-func (c *control) acked1(now time.Time) {
+func (c *control) acked1(now instant) {
 	if c.limit == 0 || float64(c.limit) >= c.ceil-1 || now.Sub(c.busyAt) >= holdTime {
 		return
 	}
@@ -53,7 +53,7 @@ func (c *control) acked1(now time.Time) {
 // the host accepted at once, or the host refused more than it accepted of
 // a burst.
 func (m *hostModel) explained(sig *Signal, overlapped bool) bool {
-	now := sig.Now
+	now := m.at(sig.Now)
 	if sig.limits() || m.state == HostOverloaded {
 		return true
 	}
@@ -68,9 +68,9 @@ func (m *hostModel) explained(sig *Signal, overlapped bool) bool {
 // for it, or, until it has been counted a second, what the process sent to
 // every host, of which it got at most all.
 func (m *hostModel) sentLastSecond(sig *Signal) float64 {
-	sent := m.sent.lastSecond(sig.Now)
-	if m.fresh(sig.Now) {
-		sent = max(sent, sig.Sent, m.accepts.lastSecond(sig.Now)+m.refusals.lastSecond(sig.Now))
+	sent := m.sent.lastSecond(m.at(sig.Now))
+	if m.fresh(m.at(sig.Now)) {
+		sent = max(sent, sig.Sent, m.accepts.lastSecond(m.at(sig.Now))+m.refusals.lastSecond(m.at(sig.Now)))
 	}
 	return sent
 }
@@ -80,7 +80,7 @@ func (m *hostModel) sentLastSecond(sig *Signal) float64 {
 // refused only beyond that. A refusal of the same burst after a cut may
 // lower the pace further, to what it shows was accepted.
 func (m *hostModel) overload(ev *changes, sig *Signal, tracked bool, load int, overlapped bool) {
-	now, c := sig.Now, &m.ctl
+	now, c := m.at(sig.Now), &m.ctl
 	lastLoad := m.lastLoad
 	m.lastLoad = now
 	// What the host accepted in the last second: the answers that said
@@ -169,7 +169,7 @@ func (m *hostModel) overload(ev *changes, sig *Signal, tracked bool, load int, o
 	}
 	m.cutRate(ev, now, accepted, sent, m.fresh(now), overlapped)
 	if sig.limits() {
-		c.cutAt = time.Time{} // the host said it limits the rate: nothing to check
+		c.cutAt = 0 // the host said it limits the rate: nothing to check
 	}
 }
 
@@ -184,7 +184,7 @@ func (m *hostModel) overload(ev *changes, sig *Signal, tracked bool, load int, o
 // the refused attempt, on the same path). The rate the host announced
 // is kept: cutting it would only bring the pace back to the same phase.
 func (m *hostModel) phaseRefusal(sig *Signal, sent float64) bool {
-	q, now := &m.q, sig.Now
+	q, now := &m.q, m.at(sig.Now)
 	r := q.paceRate()
 	if p := float64(m.pace().Limit); !q.counts || sig.Wait <= 0 || r <= 0 || m.fresh(now) || !m.noise(now, sent) ||
 		p < r*cutShare || p > r/cutShare {
@@ -205,7 +205,7 @@ func (m *hostModel) phaseRefusal(sig *Signal, sent float64) bool {
 // beyondChance reports refusals in the last second more than the share
 // the host refuses whatever the load (exShare) makes likely: over two
 // standard deviations, and one, above it.
-func (m *hostModel) beyondChance(now time.Time) bool {
+func (m *hostModel) beyondChance(now instant) bool {
 	r := m.refusals.lastSecond(now)
 	n, f := r+m.accepts.lastSecond(now), m.exShare
 	return r > f*n+2*math.Sqrt(n*f*(1-f))+1
@@ -213,13 +213,13 @@ func (m *hostModel) beyondChance(now time.Time) bool {
 
 // noise reports refusals too few to say the pace is too fast: one in a
 // second, among more than overloadRatio times as many sent.
-func (m *hostModel) noise(now time.Time, sent float64) bool {
+func (m *hostModel) noise(now instant, sent float64) bool {
 	r := m.refusals.lastSecond(now)
 	return r < 2 && r*overloadRatio < sent
 }
 
 // cutRate paces the host at cutShare of what it accepted.
-func (m *hostModel) cutRate(ev *changes, now time.Time, accepted, sent float64, burst, overlapped bool) {
+func (m *hostModel) cutRate(ev *changes, now instant, accepted, sent float64, burst, overlapped bool) {
 	c := &m.ctl
 	target := cutShare * accepted
 	if p := m.pace(); !p.Unlimited() {
@@ -237,7 +237,7 @@ func (m *hostModel) cutRate(ev *changes, now time.Time, accepted, sent float64, 
 	case !burst && c.guess == 0:
 		c.guess = m.okLoad.max(now) // the most it took at once lately
 	}
-	c.step, c.holdUntil, c.grownAt, c.nearAt = probeStep, now.Add(holdTime), now, time.Time{}
+	c.step, c.holdUntil, c.grownAt, c.nearAt = probeStep, now.Add(holdTime), now, 0
 	if c.cutAt.IsZero() {
 		// The first of a run of cuts is checked: did they lower the share
 		// refused (exonerated)?
@@ -253,7 +253,7 @@ func (m *hostModel) cutRate(ev *changes, now time.Time, accepted, sent float64, 
 }
 
 // setRate changes the learned pace, and notes a change that matters.
-func (m *hostModel) setRate(ev *changes, r float64, now time.Time) {
+func (m *hostModel) setRate(ev *changes, r float64, now instant) {
 	c := &m.ctl
 	old := c.rate
 	c.rate, c.burst = r, 1
@@ -266,7 +266,7 @@ func (m *hostModel) setRate(ev *changes, r float64, now time.Time) {
 // adjust runs before each attempt: it grows a pace that binds, settles one
 // that holds nothing back, tries a guessed limit in flight, and clears a
 // host the cut did not help.
-func (m *hostModel) adjust(ev *changes, now time.Time) {
+func (m *hostModel) adjust(ev *changes, now instant) {
 	c := &m.ctl
 	if c.rate == 0 && c.limit == 0 {
 		r := m.q.paceRate()
@@ -284,7 +284,7 @@ func (m *hostModel) adjust(ev *changes, now time.Time) {
 	if m.q.spare && !m.q.beyond && now.Sub(c.busyAt) < holdTime {
 		// Held by a pace, the host never ran out for a window: what it
 		// took of a burst, and what it announces, are not its rate.
-		m.q.beyond, c.ceil, c.nearAt = true, 0, time.Time{}
+		m.q.beyond, c.ceil, c.nearAt = true, 0, 0
 	}
 	every := holdTime
 	if m.state == HostRecovering && c.ceil == 0 && c.limit == 0 {
@@ -349,14 +349,14 @@ const (
 // the record is forgotten. A cut that lowered the share is followed by
 // the next with the share since it as what came before: what remains may
 // be chance.
-func (m *hostModel) checkCut(ev *changes, now time.Time, binds bool, after time.Duration) cutVerdict {
+func (m *hostModel) checkCut(ev *changes, now instant, binds bool, after time.Duration) cutVerdict {
 	c := &m.ctl
 	if c.cutAt.IsZero() || c.limit > 0 || now.Sub(c.cutAt) < after {
 		return unchecked
 	}
 	n, r := c.cutAnswers, c.cutRefused
 	if !c.cutBound && !binds {
-		c.cutAt = time.Time{}
+		c.cutAt = 0
 		return byLoad
 	}
 	if n < 2*downFailures {
@@ -367,24 +367,24 @@ func (m *hostModel) checkCut(ev *changes, now time.Time, binds bool, after time.
 	se := math.Sqrt(p * (1 - p) * (1/n0 + 1/n))
 	switch d := r0/n0 - r/n; {
 	case d > 2*se:
-		c.cutAt, c.lowered = time.Time{}, [2]float64{n, r}
+		c.cutAt, c.lowered = 0, [2]float64{n, r}
 		return byLoad
 	case -d > se:
 		// A cut does not raise a share refused at random: the share
 		// before it was that of the first refusals of a pace grown past
 		// the host's capacity, which the cut left past it.
-		c.cutAt = time.Time{}
+		c.cutAt = 0
 		return byLoad
 	case r < downFailures && d < 0:
 		// Too few refusals to tell, at a share above the one before:
 		// taken for load, as a pace past the capacity of a host that
 		// takes a few a second refuses.
-		c.cutAt = time.Time{}
+		c.cutAt = 0
 		return byLoad
 	case r < downFailures:
 		return m.undecided(now)
 	}
-	c.cutAt = time.Time{}
+	c.cutAt = 0
 	m.exShare = r / n
 	ev.add(change{kind: evChance, from: m.exShare})
 	if c.cutFrom == 0 {
@@ -398,9 +398,9 @@ func (m *hostModel) checkCut(ev *changes, now time.Time, binds bool, after time.
 
 // undecided: the check of the cut waits for more answers, forgetAfter at
 // most.
-func (m *hostModel) undecided(now time.Time) cutVerdict {
+func (m *hostModel) undecided(now instant) cutVerdict {
 	if now.Sub(m.ctl.cutAt) >= forgetAfter {
-		m.ctl.cutAt = time.Time{}
+		m.ctl.cutAt = 0
 		return byLoad
 	}
 	return undecided
@@ -409,7 +409,7 @@ func (m *hostModel) undecided(now time.Time) cutVerdict {
 // grow raises a pace or limit that binds: up to just below what the host
 // accepted when it last refused, a while there, then faster and faster
 // past it, in case the host can take more now.
-func (m *hostModel) grow(ev *changes, now time.Time) {
+func (m *hostModel) grow(ev *changes, now instant) {
 	c := &m.ctl
 	if c.limit > 0 {
 		switch {
@@ -426,7 +426,7 @@ func (m *hostModel) grow(ev *changes, now time.Time) {
 		}
 		return
 	}
-	c.cutAt = time.Time{} // a pace grown since the cut tells nothing of it
+	c.cutAt = 0 // a pace grown since the cut tells nothing of it
 	if m.state == HostRecovering && c.ceil == 0 {
 		m.setRate(ev, 2*c.rate, now) // nothing refused since it came back
 		return

@@ -23,23 +23,23 @@ type quota struct {
 	window    time.Duration // said (RateLimit-Policy's w), or the longest reset seen
 	remaining int           // what the last answer said, less what was in flight then
 	taken     int           // attempts sent since that answer
-	at        time.Time     // when that answer came
-	resetAt   time.Time     // when it is whole again; zero: not said
+	at        instant       // when that answer came
+	resetAt   instant       // when it is whole again; zero: not said
 	rolled    bool          // a reset passed since the announcement: since counts from it
 	since     int           // attempts sent since that reset
 	sliding   bool
-	fixed     bool      // whole again after a reset: it grants its limit at once
-	probing   bool      // a reset passed, and no answer since told its kind
-	named     time.Time // the moment the last refusal named as its wait
-	counts    bool      // it slides, with a reset that stays put: a count of the window before, not a bucket
-	restarts  bool      // seen whole again within half a window of spent: a window that starts anew
-	said      int       // the remaining the last answer said, as said
-	saidReset time.Time // and the reset it said; zero: none
-	saidAt    time.Time // and when it came
+	fixed     bool    // whole again after a reset: it grants its limit at once
+	probing   bool    // a reset passed, and no answer since told its kind
+	named     instant // the moment the last refusal named as its wait
+	counts    bool    // it slides, with a reset that stays put: a count of the window before, not a bucket
+	restarts  bool    // seen whole again within half a window of spent: a window that starts anew
+	said      int     // the remaining the last answer said, as said
+	saidReset instant // and the reset it said; zero: none
+	saidAt    instant // and when it came
 	// When the quota is first announced, or its window first seen to
 	// slide, what it said remains: the pace's burst is charged with what
 	// the host still counts, once.
-	syncAt   time.Time
+	syncAt   instant
 	syncLeft int
 	renewed  bool // it replaced another announcement: the old pace's schedule goes
 	// The fewest said to remain since lowFrom, and whether no answer of
@@ -50,14 +50,14 @@ type quota struct {
 	// limit, and the time to fill it as its reset). A window or count
 	// paced at its rate runs down to its last few.
 	low     int
-	lowFrom time.Time
+	lowFrom instant
 	spare   bool
 	beyond  bool // spare was seen under a pace that bound: the announced rate is a floor, not a cap
 	deep    bool // an answer said more remain than the limit
 }
 
 // watchSpare takes in what an answer says remains.
-func (q *quota) watchSpare(left int, now time.Time) {
+func (q *quota) watchSpare(left int, now instant) {
 	if q.lowFrom.IsZero() {
 		q.low, q.lowFrom = left, now
 		return
@@ -121,7 +121,7 @@ const spareGrowth = 1.25
 const paceMargin = 100
 
 // tokens is how many attempts the quota lets go at now.
-func (q *quota) tokens(now time.Time) float64 {
+func (q *quota) tokens(now instant) float64 {
 	if !q.resetAt.IsZero() && !now.Before(q.resetAt) {
 		q.roll(now)
 	}
@@ -140,7 +140,7 @@ func (q *quota) tokens(now time.Time) float64 {
 }
 
 // roll starts the window after the reset: whole again.
-func (q *quota) roll(now time.Time) {
+func (q *quota) roll(now instant) {
 	if !q.probing {
 		q.at = q.resetAt // a window still untold keeps its grants from the first reset
 	}
@@ -148,7 +148,7 @@ func (q *quota) roll(now time.Time) {
 	q.probing = !q.fixed && !q.sliding && q.limit > 1 && q.perSecond() > 0
 	switch {
 	case q.window <= 0:
-		q.resetAt = time.Time{}
+		q.resetAt = 0
 	default:
 		// The resets to come, a window apart, the first after now.
 		n := now.Sub(q.resetAt)/q.window + 1
@@ -187,7 +187,7 @@ const tokenSlack = 1e-9
 
 // nextToken is when the quota next lets an attempt go, when it lets none
 // go at now; zero when nothing is known to refill it.
-func (q *quota) nextToken(now time.Time) time.Time {
+func (q *quota) nextToken(now instant) instant {
 	missing := 1 - q.tokens(now) - tokenSlack
 	if q.sliding && q.perSecond() > 0 {
 		wait := time.Duration(math.Ceil(missing / q.perSecond() * float64(time.Second)))
@@ -214,12 +214,12 @@ func (q *quota) nextToken(now time.Time) time.Time {
 // still on their way, are counted against what remains (up to a quota's
 // worth, and no longer than the record is fresh: a busy process's other
 // traffic is not this host's).
-func (m *hostModel) quotaWait(now time.Time) (time.Time, bool) {
+func (m *hostModel) quotaWait(now instant) (instant, bool) {
 	if m.q.sliding && m.q.perSecond() > 0 {
 		// A window that slides gives back as it goes, at the rate it
 		// announces: the pace keeps to it (what it says remains lags a
 		// sliding count, and hovers at none for a client at its rate).
-		return time.Time{}, false
+		return 0, false
 	}
 	tokens := m.q.tokens(now) + tokenSlack
 	if tokens < 1 {
@@ -231,12 +231,12 @@ func (m *hostModel) quotaWait(now time.Time) (time.Time, bool) {
 	if m.fresh(now) && tokens-min(m.ghosts, float64(m.q.limit)) < 1 {
 		return m.since.Add(holdTime), true
 	}
-	return time.Time{}, false
+	return 0, false
 }
 
 // learnQuota takes in what an answer announces.
 func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
-	q, now := &m.q, sig.Now
+	q, now := &m.q, m.at(sig.Now)
 	window := sig.Window
 	if window <= 0 {
 		// Not said: the longest reset seen (an answer at its reset says
@@ -311,8 +311,8 @@ func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 // sliding count gives back more than its rate in the time between, and
 // answers out of order are of one window (the same reset) or say an
 // earlier reset after a later one.
-func (q *quota) restarted(sig *Signal, now time.Time) {
-	var resetAt time.Time
+func (q *quota) restarted(sig *Signal, now instant) {
+	var resetAt instant
 	if sig.Reset >= 0 {
 		resetAt = now.Add(sig.Reset)
 	}
@@ -359,9 +359,9 @@ func (m *hostModel) syncQuota(st *hostState, pace Pace, now time.Time) {
 				floor = whole
 			}
 		}
-		if st.tat.Before(floor) {
-			st.tat = floor
+		if t := m.time(floor); st.tat.Before(t) {
+			st.tat = t
 		}
 	}
-	q.syncAt = time.Time{}
+	q.syncAt = 0
 }

@@ -218,21 +218,22 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 	if m == nil {
 		return s.reserve(st, a, a.Pace, 0), nil
 	}
-	m.seen = a.Now
+	now := m.at(a.Now)
+	m.seen = now
 	if m.state == HostDown {
-		return m.admitDown(a.Host, a.Now), nil
+		return m.admitDown(a.Host, now), nil
 	}
 	var ev changes
-	m.adjust(&ev, a.Now)
+	m.adjust(&ev, now)
 	l.logChanges(a.Host, &ev)
-	m.wake(a.Now) // a limit grown or gone: the waiters first
+	m.wake(now) // a limit grown or gone: the waiters first
 	if a.Waited != nil {
 		if t := m.collect(a.Waited); t != 0 {
 			// The slot kept for it; the configured pace still applies.
 			res := s.reserve(st, a, a.Pace, 0)
 			if !res.OK {
 				m.release(t)
-				m.wake(a.Now)
+				m.wake(now)
 				return res, nil
 			}
 			m.tookQuota()
@@ -241,39 +242,39 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 		}
 	}
 	if m.q.active() {
-		if at, spent := m.quotaWait(a.Now); spent {
+		if at, spent := m.quotaWait(now); spent {
 			// The host's quota is spent: none remain until it says they
 			// do again, or until its reset.
-			return Reservation{AskAgain: at}, nil
+			return Reservation{AskAgain: m.time(at)}, nil
 		}
 	}
 	if m.ctl.limit > 0 && (m.inflight >= m.ctl.limit || len(m.queue) > 0) {
-		m.ctl.busyAt = a.Now
+		m.ctl.busyAt = now
 		w := m.enqueue()
-		return Reservation{Wait: w.ch, Cancel: func(now time.Time) {
+		return Reservation{Wait: w.ch, Cancel: func(t time.Time) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			m.cancelWait(w, now)
+			m.cancelWait(w, m.at(t))
 		}}, nil
 	}
 	pace := a.Pace.min(m.pace())
 	if nb := m.ctl.notBefore; !nb.IsZero() && !pace.Unlimited() {
 		// The first slot no earlier than notBefore: the bucket's
 		// theoretical arrival time runs a burst's tolerance ahead of it.
-		if floor := nb.Add(time.Duration(pace.Burst-1) * pace.interval()); st.tat.Before(floor) {
+		if floor := m.time(nb.Add(time.Duration(pace.Burst-1) * pace.interval())); st.tat.Before(floor) {
 			st.tat = floor
 		}
 	}
 	m.syncQuota(st, pace, a.Now)
 	res := s.reserve(st, a, pace, horizonFor(pace, a.Pace))
 	if res.Delay > 0 && pace != a.Pace {
-		m.ctl.busyAt = a.Now // a request waits for the learned pace: it binds
+		m.ctl.busyAt = now // a request waits for the learned pace: it binds
 	}
 	if !res.OK {
 		return res, nil
 	}
 	m.tookQuota()
-	res.Report, res.Ticket, res.Latency = true, m.send(a.Now), m.latencies.p95()
+	res.Report, res.Ticket, res.Latency = true, m.send(now), m.latencies.p95()
 	return res, nil
 }
 
@@ -436,8 +437,8 @@ func (l *localLimiter) probeBy(host string, at time.Time) {
 	s := &l.shards[shardOf(host)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if st := s.hosts[host]; st != nil && st.model != nil && st.model.state == HostDown && at.Before(st.model.down.next) {
-		st.model.down.next = at
+	if st := s.hosts[host]; st != nil && st.model != nil && st.model.state == HostDown && st.model.at(at).Before(st.model.down.next) {
+		st.model.down.next = st.model.at(at)
 	}
 }
 
@@ -481,7 +482,7 @@ const sweepIdle = 3 * time.Second
 func (st *hostState) idle(now time.Time) bool {
 	m := st.model
 	return !st.until.After(now) && !st.tat.After(now) &&
-		(m == nil || m.expired(now) || (now.Sub(m.seen) >= sweepIdle && m.inflight == 0 && m.state != HostDown))
+		(m == nil || m.expired(now) || (m.quietFor(now) >= sweepIdle && m.inflight == 0 && m.state != HostDown))
 }
 
 // shardOf is FNV-1a, inlined so that hashing a host allocates nothing.

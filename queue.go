@@ -2,7 +2,6 @@ package retryhttp
 
 import (
 	"slices"
-	"time"
 )
 
 // The order in which the requests waiting for a slot in flight are
@@ -16,7 +15,7 @@ import (
 type waiter struct {
 	ch     chan struct{} // closed when it may ask again
 	ticket uint64        // the slot in flight kept for it; 0: none
-	at     time.Time     // when the slot was kept
+	at     instant       // when the slot was kept
 	gone   bool          // it stopped waiting
 }
 
@@ -33,7 +32,7 @@ func (m *hostModel) enqueue() *waiter {
 // wake hands the slots in flight that are free to the waiters, first come
 // first served, and lets every waiter ask again when the host is no longer
 // held to a limit in flight (or is down).
-func (m *hostModel) wake(now time.Time) {
+func (m *hostModel) wake(now instant) {
 	m.expireKept(now)
 	for len(m.queue) > 0 {
 		w := m.queue[0]
@@ -77,7 +76,7 @@ func (m *hostModel) collect(ch <-chan struct{}) uint64 {
 
 // cancelWait takes a waiter that stopped waiting out of the queue, and
 // frees the slot kept for it, if one was.
-func (m *hostModel) cancelWait(w *waiter, now time.Time) {
+func (m *hostModel) cancelWait(w *waiter, now instant) {
 	w.gone = true
 	if i := slices.Index(m.kept, w); i >= 0 {
 		m.kept = slices.Delete(m.kept, i, i+1)
@@ -88,7 +87,7 @@ func (m *hostModel) cancelWait(w *waiter, now time.Time) {
 
 // expireKept frees the slots kept for waiters that did not come for them
 // within a hold (a Limiter shared with a Transport that never asks again).
-func (m *hostModel) expireKept(now time.Time) {
+func (m *hostModel) expireKept(now instant) {
 	for i := 0; i < len(m.kept); {
 		if w := m.kept[i]; now.Sub(w.at) >= holdTime {
 			m.kept = slices.Delete(m.kept, i, i+1)

@@ -1,7 +1,5 @@
 package retryhttp
 
-import "time"
-
 // The host model's transitions, in one table as sony/gobreaker holds its
 // own: every change of a record's state goes through move, which makes
 // it only from the states the table names. The reason for each is where
@@ -58,10 +56,10 @@ var transitions = [...]struct {
 
 // move makes transition t at now, when the record is in a state t is made
 // from, and reports whether it was.
-func (m *hostModel) move(t transition, now time.Time) bool {
+func (m *hostModel) move(t transition, now instant) bool {
 	tr := &transitions[t]
 	if !tr.from.has(m.state) {
-		panic("retryhttp: transition " + tr.name + " from " + m.state.String()) // TEMPORARY: proves the table
+		return false
 	}
 	if m.state != tr.to {
 		m.state, m.since = tr.to, now

@@ -6,11 +6,11 @@ import "time"
 // current one whole, and the share of the last that the second still
 // covers.
 type sliding struct {
-	start     time.Time // the current bin's start
+	start     instant // the current bin's start
 	cur, prev float64
 }
 
-func (s *sliding) roll(now time.Time) {
+func (s *sliding) roll(now instant) {
 	switch d := now.Sub(s.start); {
 	case d < time.Second:
 	case d < 2*time.Second:
@@ -20,23 +20,23 @@ func (s *sliding) roll(now time.Time) {
 	}
 }
 
-func (s *sliding) add(now time.Time, n float64) {
+func (s *sliding) add(now instant, n float64) {
 	s.roll(now)
 	s.cur += n
 }
 
-func (s *sliding) lastSecond(now time.Time) float64 {
+func (s *sliding) lastSecond(now instant) float64 {
 	s.roll(now)
 	return s.cur + s.prev*(1-float64(now.Sub(s.start))/float64(time.Second))
 }
 
 // twoSeconds keeps the largest value seen this second and the last.
 type twoSeconds struct {
-	start     time.Time
+	start     instant
 	cur, prev int
 }
 
-func (w *twoSeconds) roll(now time.Time) {
+func (w *twoSeconds) roll(now instant) {
 	switch d := now.Sub(w.start); {
 	case d < time.Second:
 	case d < 2*time.Second:
@@ -46,12 +46,12 @@ func (w *twoSeconds) roll(now time.Time) {
 	}
 }
 
-func (w *twoSeconds) add(now time.Time, v int) {
+func (w *twoSeconds) add(now instant, v int) {
 	w.roll(now)
 	w.cur = max(w.cur, v)
 }
 
-func (w *twoSeconds) max(now time.Time) int {
+func (w *twoSeconds) max(now instant) int {
 	w.roll(now)
 	return max(w.cur, w.prev)
 }
