@@ -17,7 +17,6 @@ func (a instant) After(b instant) bool        { return a > b }
 func (a instant) Equal(b instant) bool        { return a == b }
 func (a instant) IsZero() bool                { return a == 0 }
 
-
 // baseSlack puts a record's base before its first moment, so that moment
 // is not the zero instant.
 const baseSlack = time.Second
