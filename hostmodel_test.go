@@ -486,7 +486,8 @@ func TestHostModelOutageAndReturn(t *testing.T) {
 // requests waiting for one in the order they came; one that stops waiting
 // is passed over, and a slot kept for it goes to the next.
 func TestInFlightQueueOrder(t *testing.T) {
-	m := newModel(1, time.Unix(1000, 0))
+	epoch := time.Unix(1000, 0)
+	m := newModel(1, &epoch, epoch)
 	m.state = HostOverloaded
 	m.ctl.limit = 1
 	now := m.at(time.Unix(1000, 0))

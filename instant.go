@@ -2,11 +2,12 @@ package retryhttp
 
 import "time"
 
-// instant is a moment in a host's record: nanoseconds since the record's
-// base, 8 bytes where a time.Time takes 24. A record holds some thirty
-// moments; as time.Times they were a third of its size. Zero means none,
-// as a zero time.Time did: the base is a second before the record began,
-// so no moment the record sees is its zero but by a nanosecond's chance.
+// instant is a moment in a host's record: nanoseconds since its limiter's
+// epoch, plus longAgo, 8 bytes where a time.Time takes 24. A record holds
+// some thirty moments; as time.Times they were a third of its size. Zero
+// means none, as a zero time.Time did, and reads as a zero time.Time did:
+// long before any moment the record sees, so that "how long since it last
+// refused" of a host that never refused is longer than any hold.
 // Differences are the monotonic clock's, as time.Time's Sub is.
 type instant int64
 
@@ -17,16 +18,17 @@ func (a instant) After(b instant) bool        { return a > b }
 func (a instant) Equal(b instant) bool        { return a == b }
 func (a instant) IsZero() bool                { return a == 0 }
 
-// baseSlack puts a record's base before its first moment, so that moment
-// is not the zero instant.
-const baseSlack = time.Second
+// longAgo is how long before the limiter's epoch the zero instant is: a
+// century, longer than any wait the model compares with, and far from the
+// 292 years an int64 of nanoseconds holds.
+const longAgo = 100 * 365 * 24 * time.Hour
 
 // at is t as an instant of the record; the zero time is the zero instant.
 func (m *hostModel) at(t time.Time) instant {
 	if t.IsZero() {
 		return 0
 	}
-	return instant(t.Sub(m.base))
+	return instant(t.Sub(*m.epoch) + longAgo)
 }
 
 // time is a as a time.Time; the zero instant is the zero time.
@@ -34,5 +36,5 @@ func (m *hostModel) time(a instant) time.Time {
 	if a == 0 {
 		return time.Time{}
 	}
-	return m.base.Add(time.Duration(a))
+	return m.epoch.Add(time.Duration(a) - longAgo)
 }

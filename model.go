@@ -133,16 +133,18 @@ const (
 // hostModel is what the in-process limiter knows of one host that failed,
 // refused or announced a quota. It is guarded by its shard's lock.
 type hostModel struct {
-	base        time.Time // the instants' zero
-	gen         uint32    // tells this record's tickets from an earlier one's
-	state       HostState
+	epoch       *time.Time // the limiter's: the instants count from it (instant.go)
 	since       instant
 	seen        instant // last asked or answered
 	lastTrouble instant // last refusal or failure
 	lastLoad    instant // last refusal that load explained
+	gen         uint32  // tells this record's tickets from an earlier one's
+	state       HostState
+	held        bool // it served an attempt of ours while it refused others
+	timing      bool // its latencies are kept, for a Transport that hedges
 
 	// What went out and came back.
-	inflight     int    // attempts with a ticket, sent and not answered
+	inflight     int32  // attempts with a ticket, sent and not answered
 	seq          uint32 // tickets handed out
 	sent         sliding
 	accepts      sliding // answers not refused, with or without a ticket
@@ -150,35 +152,32 @@ type hostModel struct {
 	okLoad       twoSeconds // the most in flight at the send of an accepted attempt
 	answered     instant    // when the last answer came, and when it was sent
 	answeredSent instant
-	held         bool    // it served an attempt of ours while it refused others
-	exShare      float64 // the share it refused after cuts that did not lower it
-	timing       bool    // its latencies are kept, for a Transport that hedges
-	ghosts       float64 // attempts sent before the record, still on their way, at most (while fresh)
-	latencies    latencies
+	exShare      float64    // the share it refused after cuts that did not lower it
+	ghosts       float64    // attempts sent before the record, still on their way, at most (while fresh)
+	latencies    *latencies // allocated at the first latency: most records never need one
 
 	// The run of failures that may make the host down.
-	streak      int
-	streakFrom  instant
+	streak      int32
 	streakSeq   uint32 // the first ticket sent after the run began
-	older       int    // attempts sent before the run began, still in flight: they may yet succeed
-	reachable   bool   // some failure of the run had a connection
-	together    bool   // some failure of the run was of an attempt sent while another was on its way
+	streakFrom  instant
+	older       int32 // attempts sent before the run began, still in flight: they may yet succeed
+	tallied     int32 // answers in failShare, up to failMemory
+	knownBefore int32 // tallied before the run
+	reachable   bool  // some failure of the run had a connection
+	together    bool  // some failure of the run was of an attempt sent while another was on its way
 	lastFailure string
 	rateBefore  float64 // what the host accepted in the second before the run
-	ctlBefore   control // how it was held before the run
+	ctlBefore   holding // how it was held before the run
 	failShare   float64 // the share of its answers that failed, over about failMemory
-	tallied     int     // answers in failShare, up to failMemory
-	knownBefore int     // tallied before the run
 	shareBefore float64 // failShare before the run
 
 	ctl  control
-	down outage
-	q    quota
+	down *outage // while it is Down
+	q    *quota  // once the host announced one
 
 	// The requests waiting for a slot in flight, in the order they came,
 	// and those a slot is kept for (queue.go).
-	queue []*waiter
-	kept  []*waiter
+	wq *waitQueue
 }
 
 func absDuration(d time.Duration) time.Duration {
@@ -190,8 +189,8 @@ func absDuration(d time.Duration) time.Duration {
 
 // newModel starts the record of a host at its first failure, refusal or
 // announcement.
-func newModel(gen uint32, t time.Time) *hostModel {
-	m := &hostModel{gen: gen, base: t.Add(-baseSlack)}
+func newModel(gen uint32, epoch *time.Time, t time.Time) *hostModel {
+	m := &hostModel{gen: gen, epoch: epoch}
 	m.since = m.at(t)
 	m.seen = m.since
 	return m
@@ -211,9 +210,9 @@ func ticketParts(t uint64) (gen, seq uint32, load int) {
 func (m *hostModel) send(now instant) uint64 {
 	m.seq++
 	m.inflight++
-	m.sent.add(now, 1)
+	m.sent.add(now)
 	m.seen = now
-	return ticket(m.gen, m.seq, m.inflight)
+	return ticket(m.gen, m.seq, int(m.inflight))
 }
 
 // release takes an answered (or unsent) attempt out of what is in flight,
@@ -255,9 +254,9 @@ func (m *hostModel) answer(sig *Signal, ev *changes) {
 	m.answered, m.answeredSent = now, sentAt
 	switch o {
 	case refused:
-		m.refusals.add(now, 1)
+		m.refusals.add(now)
 	case accepted, served:
-		m.accepts.add(now, 1)
+		m.accepts.add(now)
 	}
 	if c := &m.ctl; !c.cutAt.IsZero() && sentAt.After(c.cutAt) && !sig.limits() && o != failed {
 		c.cutAnswers++
@@ -266,6 +265,9 @@ func (m *hostModel) answer(sig *Signal, ev *changes) {
 		}
 	}
 	if tracked && sig.Latency > 0 && o == accepted {
+		if m.latencies == nil {
+			m.latencies = new(latencies)
+		}
 		m.latencies.add(sig.Latency)
 	}
 	switch o {
@@ -350,7 +352,7 @@ func (m *hostModel) fresh(now instant) bool { return now.Sub(m.since) < holdTime
 // pace is the learned pace, unlimited when none.
 func (m *hostModel) pace() Pace {
 	if m.ctl.rate > 0 {
-		return newPace(rate.Limit(m.ctl.rate), max(m.ctl.burst, 1))
+		return newPace(rate.Limit(m.ctl.rate), int(max(m.ctl.burst, 1)))
 	}
 	if r := m.q.paceRate(); r > 0 {
 		// The rate the host announces, a window's quota at once: what
@@ -365,7 +367,7 @@ func (m *hostModel) quietFor(t time.Time) time.Duration { return m.at(t).Sub(m.s
 
 // status says what the record knows, for Learn's caller.
 func (m *hostModel) status() HostStatus {
-	s := HostStatus{State: m.state, Since: m.time(m.since), Pace: m.pace(), InFlight: m.ctl.limit}
+	s := HostStatus{State: m.state, Since: m.time(m.since), Pace: m.pace(), InFlight: int(m.ctl.limit)}
 	if m.state == HostDown {
 		s.Retry = m.time(m.down.next)
 	}

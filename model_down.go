@@ -9,18 +9,18 @@ type outage struct {
 	next       instant // the next probe
 	turnedAway sliding // what the callers asked while it was down
 	oldRate    float64 // what it accepted before its run of failures
-	oldCtl     control // how it was held before the run
+	oldCtl     holding // how it was held before the run
 }
 
 // admitDown lets a probe go once every probeEvery, and hands every other
 // attempt back at once.
 func (m *hostModel) admitDown(host string, now instant) Reservation {
-	d := &m.down
+	d := m.down
 	if !now.Before(d.next) {
 		d.next = now.Add(probeEvery)
 		return Reservation{OK: true, Report: true, Ticket: m.send(now)}
 	}
-	d.turnedAway.add(now, 1)
+	d.turnedAway.add(now)
 	return Reservation{Down: &HostDownError{Host: host, Since: m.time(m.streakFrom), Last: m.lastFailure, Retry: m.time(d.next)}}
 }
 
@@ -40,7 +40,7 @@ func (m *hostModel) failure(sig *Signal, overlapped bool) {
 		}
 		// What the run does to the pace is not what the host took: the
 		// run may be an outage's first seconds, taken for overload.
-		m.shareBefore, m.knownBefore, m.ctlBefore = m.failShare, m.tallied, m.ctl
+		m.shareBefore, m.knownBefore, m.ctlBefore = m.failShare, m.tallied, m.ctl.holding()
 	}
 	m.streak++
 	m.reachable = m.reachable || !sig.Unreachable
@@ -55,11 +55,11 @@ func (m *hostModel) failure(sig *Signal, overlapped bool) {
 // answered.
 func (m *hostModel) falls(now instant) bool {
 	need := m.runNeeded()
-	if m.streak < need || m.older > 0 {
+	if int(m.streak) < need || m.older > 0 {
 		return false
 	}
 	span := now.Sub(m.streakFrom)
-	return !m.reachable || span >= downAfter || (m.streak >= max(downRun, need) && !m.together && span > 0)
+	return !m.reachable || span >= downAfter || (int(m.streak) >= max(downRun, need) && !m.together && span > 0)
 }
 
 // runNeeded is the shortest run of failures that makes the host down: a
@@ -97,7 +97,7 @@ func (m *hostModel) tally(failed bool) {
 // fall: any → Down. The host is handed back at once but for its probes,
 // one every probeEvery; requests waiting for a slot in flight learn of it.
 func (m *hostModel) fall(ev *changes, now instant) {
-	m.down = outage{next: now.Add(probeEvery), oldRate: m.rateBefore, oldCtl: m.ctlBefore}
+	m.down = &outage{next: now.Add(probeEvery), oldRate: m.rateBefore, oldCtl: m.ctlBefore}
 	m.failShare = m.shareBefore // what the host failed before it was down
 	m.move(toFall, now)
 	m.wake(now)
@@ -113,7 +113,7 @@ func (m *hostModel) recover(ev *changes, now instant) {
 		r = asked
 	}
 	was := m.down.oldCtl
-	m.down = outage{}
+	m.down = nil
 	m.streak = 0
 	m.ctl = control{step: probeStep}
 	if r == 0 && was.rate == 0 && was.limit == 0 {
@@ -128,7 +128,7 @@ func (m *hostModel) recover(ev *changes, now instant) {
 	} else {
 		m.ctl.rate = max(r, 1/holdTime.Seconds())
 	}
-	m.ctl.burst = max(1, int(m.ctl.rate*horizon.Seconds()))
+	m.ctl.burst = max(1, int32(m.ctl.rate*horizon.Seconds()))
 	m.ctl.grownAt, m.ctl.busyAt = now, now
 	m.move(toRecover, now)
 	ev.add(change{kind: evBack, to: m.ctl.rate})

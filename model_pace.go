@@ -9,30 +9,43 @@ import (
 // limit on what is in flight, and what the model knows of where the host
 // refuses.
 type control struct {
-	rate       float64 // attempts a second; 0: no pace
-	burst      int
-	limit      int     // attempts in flight; 0: no limit
-	ceil       float64 // what the host accepted when it last refused (a rate, or a count in flight); 0: unknown
-	step       float64 // the next step past ceil
-	holdUntil  instant
-	grownAt    instant
-	nearAt     instant // when the pace reached just below ceil
-	busyAt     instant // when a request last waited for the pace or a slot
-	burstCut   bool    // the last cut was of a burst sent before the host had a record
+	rate      float64 // attempts a second; 0: no pace
+	ceil      float64 // what the host accepted when it last refused (a rate, or a count in flight); 0: unknown
+	step      float64 // the next step past ceil
+	burst     int32
+	limit     int32 // attempts in flight; 0: no limit
+	holdUntil instant
+	grownAt   instant
+	nearAt    instant // when the pace reached just below ceil
+	busyAt    instant // when a request last waited for the pace or a slot
+
+	// A cut of a burst sent before the host had a record.
 	notBefore  instant // the pace's first slot after that cut
-	guess      int     // what the host took at once in that burst: a limit in flight to try
+	guess      int32   // what the host took at once in that burst: a limit in flight to try
+	acked      int32   // accepted answers since the limit last grew
+	burstCut   bool    // the last cut was of such a burst
 	tried      bool    // the guess was tried
+	cutBound   bool    // the pace bound since the cut
 	before     float64 // the rate to return to when a limit in flight is refuted, and its ceil
 	beforeCeil float64
-	acked      int // accepted answers since the limit last grew
+
+	// The check of a cut (checkCut).
 	cutAt      instant
 	cutBefore  [2]float64 // the answers before the cut, and the refusals among them
 	lowered    [2]float64 // the answers since a cut that lowered the share refused, and the refusals
-	cutBound   bool       // the pace bound since the cut
 	cutAnswers float64    // answers to attempts sent since the cut, and the refusals among them
 	cutRefused float64
 	cutFrom    float64 // the pace before the cut; 0: none
 }
+
+// holding is what a record keeps of a control while the host is down: what
+// it is paced at again when it comes back.
+type holding struct {
+	rate, ceil float64
+	limit      int32
+}
+
+func (c *control) holding() holding { return holding{rate: c.rate, ceil: c.ceil, limit: c.limit} }
 
 // acked1 grows a limit in flight below what the host took at once by one
 // for every limit's worth of accepted answers, while requests wait for it.
@@ -139,13 +152,13 @@ func (m *hostModel) overload(ev *changes, sig *Signal, tracked bool, load int, o
 			c.ceil = min(c.ceil, max(accepted, 1))
 		}
 		if c.burstCut && m.fresh(now) && c.rate > 0 && cutShare*accepted < c.rate {
-			c.guess = min(c.guess, int(math.Round(accepted)))
+			c.guess = min(c.guess, int32(math.Round(accepted)))
 			if c.guess == 0 && overlapped {
 				// The cut came with the burst's first refusal, before
 				// it could tell it was a burst (a 429 is explained at
 				// once): what the host took of it may be a limit in
 				// flight, as in cutRate.
-				c.guess, c.notBefore = int(math.Round(accepted)), c.holdUntil
+				c.guess, c.notBefore = int32(math.Round(accepted)), c.holdUntil
 			}
 			m.setRate(ev, max(cutShare*accepted, 1/holdTime.Seconds()), now)
 		}
@@ -184,9 +197,9 @@ func (m *hostModel) overload(ev *changes, sig *Signal, tracked bool, load int, o
 // the refused attempt, on the same path). The rate the host announced
 // is kept: cutting it would only bring the pace back to the same phase.
 func (m *hostModel) phaseRefusal(sig *Signal, sent float64) bool {
-	q, now := &m.q, m.at(sig.Now)
+	q, now := m.q, m.at(sig.Now)
 	r := q.paceRate()
-	if p := float64(m.pace().Limit); !q.counts || sig.Wait <= 0 || r <= 0 || m.fresh(now) || !m.noise(now, sent) ||
+	if p := float64(m.pace().Limit); !q.active() || !q.counts || sig.Wait <= 0 || r <= 0 || m.fresh(now) || !m.noise(now, sent) ||
 		p < r*cutShare || p > r/cutShare {
 		return false // not a pace at the rate the count announces
 	}
@@ -232,7 +245,7 @@ func (m *hostModel) cutRate(ev *changes, now instant, accepted, sent float64, bu
 		// serves at once, not a rate: tried once it has answered. The
 		// burst had what the host grants for now: the pace starts a hold
 		// later.
-		c.guess = int(math.Round(accepted))
+		c.guess = int32(math.Round(accepted))
 		c.notBefore = now.Add(holdTime)
 	case !burst && c.guess == 0:
 		c.guess = m.okLoad.max(now) // the most it took at once lately
@@ -258,7 +271,7 @@ func (m *hostModel) setRate(ev *changes, r float64, now instant) {
 	old := c.rate
 	c.rate, c.burst = r, 1
 	if m.state == HostRecovering {
-		c.burst = max(1, int(r*horizon.Seconds()))
+		c.burst = max(1, int32(r*horizon.Seconds()))
 	}
 	ev.pace(old, r)
 }
@@ -281,7 +294,7 @@ func (m *hostModel) adjust(ev *changes, now instant) {
 		m.setRate(ev, r, now)
 		return
 	}
-	if m.q.spare && !m.q.beyond && now.Sub(c.busyAt) < holdTime {
+	if m.q.active() && m.q.spare && !m.q.beyond && now.Sub(c.busyAt) < holdTime {
 		// Held by a pace, the host never ran out for a window: what it
 		// took of a burst, and what it announces, are not its rate.
 		m.q.beyond, c.ceil, c.nearAt = true, 0, 0
@@ -305,7 +318,7 @@ func (m *hostModel) adjust(ev *changes, now instant) {
 		return
 	}
 	switch {
-	case binds && c.guess > 1 && !c.tried && m.held && !m.q.active() && c.rate > 0 && m.latencies.n > 0 &&
+	case binds && c.guess > 1 && !c.tried && m.held && !m.q.active() && c.rate > 0 && m.latencies.known() &&
 		float64(c.guess)/m.latencies.p95().Seconds() > c.rate:
 		// The burst's share may have been a limit on what the host
 		// serves at once (it refused while it served ours; a host that
@@ -316,7 +329,7 @@ func (m *hostModel) adjust(ev *changes, now instant) {
 		// refusal of an attempt sent alone.
 		c.tried, c.before, c.beforeCeil = true, c.rate, c.ceil
 		c.limit, c.rate, c.ceil, c.acked = max(m.inflight, 1), 0, float64(c.guess)+1, 0
-		ev.add(change{kind: evTryLimit, n: c.guess})
+		ev.add(change{kind: evTryLimit, n: int(c.guess)})
 	case binds && now.Sub(m.lastLoad) >= holdTime:
 		m.grow(ev, now) // failures that load does not explain do not hold it back
 	case !binds && now.Sub(m.lastTrouble) >= forgetAfter:
@@ -421,7 +434,7 @@ func (m *hostModel) grow(ev *changes, now instant) {
 			c.nearAt = now
 			return
 		default:
-			c.limit += int(c.step)
+			c.limit += int32(c.step)
 			c.step = min(2*c.step, float64(max(c.limit/2, 1)))
 		}
 		return
@@ -434,7 +447,7 @@ func (m *hostModel) grow(ev *changes, now instant) {
 	near := nearShare * c.ceil
 	next := c.rate * 2
 	switch {
-	case m.q.spare && c.ceil == 0:
+	case m.q.active() && m.q.spare && c.ceil == 0:
 		// The host says it has more than the pace takes: a quarter more
 		// each hold until a refusal says where it ends. (Doubling
 		// overshoots by as much, and the refusals of a hundred workers

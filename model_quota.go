@@ -73,7 +73,7 @@ func (q *quota) watchSpare(left int, now instant) {
 	}
 }
 
-func (q *quota) active() bool { return q.limit > 0 }
+func (q *quota) active() bool { return q != nil && q.limit > 0 }
 
 // perSecond is the rate the quota allows, 0 when its window is unknown.
 func (q *quota) perSecond() float64 {
@@ -102,6 +102,9 @@ func (q *quota) perSecond() float64 {
 // count at every attempt, and a pace a hair slower drifts into the
 // instants after its windows start, where it refuses.
 func (q *quota) paceRate() float64 {
+	if !q.active() {
+		return 0
+	}
 	switch {
 	case q.restarts:
 		return float64(q.limit) / (q.window + q.window/paceMargin).Seconds()
@@ -236,7 +239,10 @@ func (m *hostModel) quotaWait(now instant) (instant, bool) {
 
 // learnQuota takes in what an answer announces.
 func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
-	q, now := &m.q, m.at(sig.Now)
+	if m.q == nil {
+		m.q = new(quota)
+	}
+	q, now := m.q, m.at(sig.Now)
 	window := sig.Window
 	if window <= 0 {
 		// Not said: the longest reset seen (an answer at its reset says
@@ -259,7 +265,7 @@ func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 			// What was sent before the host said its quota is spent from
 			// the pace's burst too, once: a burst sent before any answer
 			// was not paced.
-			q.syncAt, q.syncLeft = now, max(sig.Remaining-m.inflight, 0)
+			q.syncAt, q.syncLeft = now, max(sig.Remaining-int(m.inflight), 0)
 		}
 	}
 	q.limit, q.window = sig.Limit, window
@@ -293,7 +299,7 @@ func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 		// Not whole after its reset: it counts the window before.
 		if !q.sliding && sig.Remaining < q.limit-q.since {
 			q.sliding, q.counts = true, true
-			q.syncAt, q.syncLeft = now, max(sig.Remaining-m.inflight, 0)
+			q.syncAt, q.syncLeft = now, max(sig.Remaining-int(m.inflight), 0)
 		}
 		q.fixed = !q.sliding
 		q.probing = false
@@ -302,7 +308,7 @@ func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 		q.watchSpare(sig.Remaining, now)
 		q.restarted(sig, now)
 		// What was in flight when the host counted is taken from it too.
-		q.remaining, q.taken, q.at = sig.Remaining-m.inflight, 0, now
+		q.remaining, q.taken, q.at = sig.Remaining-int(m.inflight), 0, now
 	}
 }
 
@@ -338,7 +344,10 @@ func (m *hostModel) tookQuota() {
 // burst in hand, which the window would refuse. Only when the quota is
 // what paces the host.
 func (m *hostModel) syncQuota(st *hostState, pace Pace, now time.Time) {
-	q := &m.q
+	q := m.q
+	if q == nil {
+		return
+	}
 	if q.renewed {
 		// The slots handed out were of the announcement replaced: the
 		// new one is charged below with what it says remains, no more.

@@ -248,7 +248,7 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 			return Reservation{AskAgain: m.time(at)}, nil
 		}
 	}
-	if m.ctl.limit > 0 && (m.inflight >= m.ctl.limit || len(m.queue) > 0) {
+	if m.ctl.limit > 0 && (m.inflight >= m.ctl.limit || m.waiting()) {
 		m.ctl.busyAt = now
 		w := m.enqueue()
 		return Reservation{Wait: w.ch, Cancel: func(t time.Time) {
@@ -381,7 +381,7 @@ func (l *localLimiter) Learn(_ context.Context, host string, sig Signal) (HostSt
 		if st == nil {
 			st = s.add(l, host, sig.Now)
 		}
-		m = newModel(l.gens.Add(1), sig.Now)
+		m = newModel(l.gens.Add(1), &l.epoch, sig.Now)
 		// At most what the process has on its way to every host: what it
 		// sent in the last second is mostly answered already, by other
 		// hosts, in a busy process.

@@ -19,13 +19,27 @@ type waiter struct {
 	gone   bool          // it stopped waiting
 }
 
+// waitQueue is the requests waiting for a slot in flight, in the order
+// they came, and those a slot is kept for. A record has one only once a
+// request waited: most never hold a limit in flight.
+type waitQueue struct {
+	queue []*waiter
+	kept  []*waiter
+}
+
+// waiting reports whether requests wait for a slot in flight.
+func (m *hostModel) waiting() bool { return m.wq != nil && len(m.wq.queue) > 0 }
+
 // is reports whether the waiter is the one that waited on ch.
 func (w *waiter) is(ch <-chan struct{}) bool { return ch != nil && w.ch == ch }
 
 // enqueue puts a request at the end of those waiting for a slot in flight.
 func (m *hostModel) enqueue() *waiter {
 	w := &waiter{ch: make(chan struct{})}
-	m.queue = append(m.queue, w)
+	if m.wq == nil {
+		m.wq = new(waitQueue)
+	}
+	m.wq.queue = append(m.wq.queue, w)
 	return w
 }
 
@@ -33,41 +47,50 @@ func (m *hostModel) enqueue() *waiter {
 // first served, and lets every waiter ask again when the host is no longer
 // held to a limit in flight (or is down).
 func (m *hostModel) wake(now instant) {
+	if m.wq == nil {
+		return
+	}
 	m.expireKept(now)
-	for len(m.queue) > 0 {
-		w := m.queue[0]
+	for len(m.wq.queue) > 0 {
+		w := m.wq.queue[0]
 		if !w.gone {
 			if m.ctl.limit > 0 && m.state != HostDown {
 				if m.inflight >= m.ctl.limit {
 					return
 				}
 				w.ticket, w.at = m.send(now), now
-				m.kept = append(m.kept, w)
+				m.wq.kept = append(m.wq.kept, w)
 			}
 			close(w.ch)
 		}
-		m.queue[0] = nil
-		m.queue = m.queue[1:]
+		m.wq.queue[0] = nil
+		m.wq.queue = m.wq.queue[1:]
 	}
 }
 
 // releaseAll lets every waiter ask again, keeping no slot: the record is
 // being forgotten.
 func (m *hostModel) releaseAll() {
-	for _, w := range m.queue {
+	if m.wq == nil {
+		return
+	}
+	for _, w := range m.wq.queue {
 		if !w.gone {
 			close(w.ch)
 		}
 	}
-	m.queue, m.kept = nil, nil
+	m.wq.queue, m.wq.kept = nil, nil
 }
 
 // collect hands a waiter the slot kept for it, if one was: its ticket, or
 // 0.
 func (m *hostModel) collect(ch <-chan struct{}) uint64 {
-	for i, w := range m.kept {
+	if m.wq == nil {
+		return 0
+	}
+	for i, w := range m.wq.kept {
 		if w.is(ch) {
-			m.kept = slices.Delete(m.kept, i, i+1)
+			m.wq.kept = slices.Delete(m.wq.kept, i, i+1)
 			return w.ticket
 		}
 	}
@@ -78,8 +101,8 @@ func (m *hostModel) collect(ch <-chan struct{}) uint64 {
 // frees the slot kept for it, if one was.
 func (m *hostModel) cancelWait(w *waiter, now instant) {
 	w.gone = true
-	if i := slices.Index(m.kept, w); i >= 0 {
-		m.kept = slices.Delete(m.kept, i, i+1)
+	if i := slices.Index(m.wq.kept, w); i >= 0 {
+		m.wq.kept = slices.Delete(m.wq.kept, i, i+1)
 		m.release(w.ticket)
 		m.wake(now)
 	}
@@ -88,9 +111,9 @@ func (m *hostModel) cancelWait(w *waiter, now instant) {
 // expireKept frees the slots kept for waiters that did not come for them
 // within a hold (a Limiter shared with a Transport that never asks again).
 func (m *hostModel) expireKept(now instant) {
-	for i := 0; i < len(m.kept); {
-		if w := m.kept[i]; now.Sub(w.at) >= holdTime {
-			m.kept = slices.Delete(m.kept, i, i+1)
+	for i := 0; i < len(m.wq.kept); {
+		if w := m.wq.kept[i]; now.Sub(w.at) >= holdTime {
+			m.wq.kept = slices.Delete(m.wq.kept, i, i+1)
 			m.release(w.ticket)
 			continue
 		}

@@ -7,7 +7,7 @@ import "time"
 // covers.
 type sliding struct {
 	start     instant // the current bin's start
-	cur, prev float64
+	cur, prev float32 // whole counts: exact in a float32 up to 2^24 a second
 }
 
 func (s *sliding) roll(now instant) {
@@ -20,20 +20,20 @@ func (s *sliding) roll(now instant) {
 	}
 }
 
-func (s *sliding) add(now instant, n float64) {
+func (s *sliding) add(now instant) {
 	s.roll(now)
-	s.cur += n
+	s.cur++
 }
 
 func (s *sliding) lastSecond(now instant) float64 {
 	s.roll(now)
-	return s.cur + s.prev*(1-float64(now.Sub(s.start))/float64(time.Second))
+	return float64(s.cur) + float64(s.prev)*(1-float64(now.Sub(s.start))/float64(time.Second))
 }
 
 // twoSeconds keeps the largest value seen this second and the last.
 type twoSeconds struct {
 	start     instant
-	cur, prev int
+	cur, prev int32
 }
 
 func (w *twoSeconds) roll(now instant) {
@@ -48,10 +48,10 @@ func (w *twoSeconds) roll(now instant) {
 
 func (w *twoSeconds) add(now instant, v int) {
 	w.roll(now)
-	w.cur = max(w.cur, v)
+	w.cur = max(w.cur, int32(v))
 }
 
-func (w *twoSeconds) max(now instant) int {
+func (w *twoSeconds) max(now instant) int32 {
 	w.roll(now)
 	return max(w.cur, w.prev)
 }
@@ -74,9 +74,12 @@ func (ls *latencies) add(d time.Duration) {
 	ls.fresh++
 }
 
+// known reports whether any latency is kept.
+func (ls *latencies) known() bool { return ls != nil && ls.n > 0 }
+
 // p95 is the 95th percentile of the latencies kept; 0 when none.
 func (ls *latencies) p95() time.Duration {
-	if ls.n == 0 {
+	if !ls.known() {
 		return 0
 	}
 	if ls.cached > 0 && ls.fresh < 8 {
