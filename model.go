@@ -357,7 +357,7 @@ func (m *hostModel) pace() Pace {
 	if r := m.q.paceRate(); r > 0 {
 		// The rate the host announces, a window's quota at once: what
 		// remains of it is held apart (quotaWait).
-		return newPace(rate.Limit(r), m.q.limit)
+		return newPace(rate.Limit(r), int(m.q.limit))
 	}
 	return Pace{Limit: rate.Inf}
 }

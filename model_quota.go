@@ -19,29 +19,29 @@ import (
 // fixed one costs a round trip, once, and a sliding one is never sent the
 // burst it refuses.
 type quota struct {
-	limit     int
 	window    time.Duration // said (RateLimit-Policy's w), or the longest reset seen
-	remaining int           // what the last answer said, less what was in flight then
-	taken     int           // attempts sent since that answer
-	at        instant       // when that answer came
+	at        instant       // when the last answer came
 	resetAt   instant       // when it is whole again; zero: not said
-	rolled    bool          // a reset passed since the announcement: since counts from it
-	since     int           // attempts sent since that reset
+	named     instant       // the moment the last refusal named as its wait
+	saidReset instant       // the reset the last answer said; zero: none
+	saidAt    instant       // and when it came
+	limit     int32
+	remaining int32 // what the last answer said, less what was in flight then
+	taken     int32 // attempts sent since that answer
+	since     int32 // attempts sent since the last reset
+	said      int32 // the remaining the last answer said, as said
+	rolled    bool  // a reset passed since the announcement: since counts from it
 	sliding   bool
-	fixed     bool    // whole again after a reset: it grants its limit at once
-	probing   bool    // a reset passed, and no answer since told its kind
-	named     instant // the moment the last refusal named as its wait
-	counts    bool    // it slides, with a reset that stays put: a count of the window before, not a bucket
-	restarts  bool    // seen whole again within half a window of spent: a window that starts anew
-	said      int     // the remaining the last answer said, as said
-	saidReset instant // and the reset it said; zero: none
-	saidAt    instant // and when it came
+	fixed     bool // whole again after a reset: it grants its limit at once
+	probing   bool // a reset passed, and no answer since told its kind
+	counts    bool // it slides, with a reset that stays put: a count of the window before, not a bucket
+	restarts  bool // seen whole again within half a window of spent: a window that starts anew
+	renewed   bool // it replaced another announcement: the old pace's schedule goes
 	// When the quota is first announced, or its window first seen to
 	// slide, what it said remains: the pace's burst is charged with what
 	// the host still counts, once.
+	syncLeft int32
 	syncAt   instant
-	syncLeft int
-	renewed  bool // it replaced another announcement: the old pace's schedule goes
 	// The fewest said to remain since lowFrom, and whether no answer of
 	// the last whole window said less than half the limit remains
 	// (spare): a host that stays more than half full under a pace that
@@ -49,15 +49,15 @@ type quota struct {
 	// announcement says (throttled announces a bucket's burst as its
 	// limit, and the time to fill it as its reset). A window or count
 	// paced at its rate runs down to its last few.
-	low     int
 	lowFrom instant
+	low     int32
 	spare   bool
 	beyond  bool // spare was seen under a pace that bound: the announced rate is a floor, not a cap
 	deep    bool // an answer said more remain than the limit
 }
 
 // watchSpare takes in what an answer says remains.
-func (q *quota) watchSpare(left int, now instant) {
+func (q *quota) watchSpare(left int32, now instant) {
 	if q.lowFrom.IsZero() {
 		q.low, q.lowFrom = left, now
 		return
@@ -243,32 +243,33 @@ func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 		m.q = new(quota)
 	}
 	q, now := m.q, m.at(sig.Now)
+	limit, left := clamp32(sig.Limit), clamp32(sig.Remaining)
 	window := sig.Window
 	if window <= 0 {
 		// Not said: the longest reset seen (an answer at its reset says
 		// nothing of the window).
-		if sig.Limit == q.limit {
+		if limit == q.limit {
 			window = q.window
 		}
 		if sig.Reset > 0 {
 			window = max(window, sig.Reset.Round(time.Second), time.Second)
 		}
 	}
-	if q.limit != sig.Limit || (sig.Window > 0 && q.window != sig.Window) {
+	if q.limit != limit || (sig.Window > 0 && q.window != sig.Window) {
 		// A new announcement replaces the old, and so does the pace's
 		// schedule of the old: slots a pace of 5000 an hour handed out
 		// mean nothing to one of 30 a minute (syncQuota).
 		renewed := q.active()
 		*q = quota{renewed: renewed}
-		ev.add(change{kind: evQuota, n: sig.Limit, window: window})
-		if sig.Remaining >= 0 {
+		ev.add(change{kind: evQuota, n: int(limit), window: window})
+		if left >= 0 {
 			// What was sent before the host said its quota is spent from
 			// the pace's burst too, once: a burst sent before any answer
 			// was not paced.
-			q.syncAt, q.syncLeft = now, max(sig.Remaining-int(m.inflight), 0)
+			q.syncAt, q.syncLeft = now, max(left-m.inflight, 0)
 		}
 	}
-	q.limit, q.window = sig.Limit, window
+	q.limit, q.window = limit, window
 	if sig.Refused && sig.Wait > 0 {
 		q.named = now.Add(sig.Wait)
 	}
@@ -295,20 +296,20 @@ func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 			q.resetAt = resetAt
 		}
 	}
-	if sig.Remaining >= 0 && q.rolled {
+	if left >= 0 && q.rolled {
 		// Not whole after its reset: it counts the window before.
-		if !q.sliding && sig.Remaining < q.limit-q.since {
+		if !q.sliding && left < q.limit-q.since {
 			q.sliding, q.counts = true, true
-			q.syncAt, q.syncLeft = now, max(sig.Remaining-int(m.inflight), 0)
+			q.syncAt, q.syncLeft = now, max(left-m.inflight, 0)
 		}
 		q.fixed = !q.sliding
 		q.probing = false
 	}
-	if sig.Remaining >= 0 {
-		q.watchSpare(sig.Remaining, now)
-		q.restarted(sig, now)
+	if left >= 0 {
+		q.watchSpare(left, now)
+		q.restarted(left, sig.Reset, now)
 		// What was in flight when the host counted is taken from it too.
-		q.remaining, q.taken, q.at = sig.Remaining-int(m.inflight), 0, now
+		q.remaining, q.taken, q.at = left-m.inflight, 0, now
 	}
 }
 
@@ -317,16 +318,16 @@ func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 // sliding count gives back more than its rate in the time between, and
 // answers out of order are of one window (the same reset) or say an
 // earlier reset after a later one.
-func (q *quota) restarted(sig *Signal, now instant) {
+func (q *quota) restarted(left int32, reset time.Duration, now instant) {
 	var resetAt instant
-	if sig.Reset >= 0 {
-		resetAt = now.Add(sig.Reset)
+	if reset >= 0 {
+		resetAt = now.Add(reset)
 	}
-	if q.said <= 1 && sig.Remaining >= q.limit-1 && q.limit > 2 && now.Sub(q.saidAt) < q.window/2 &&
+	if q.said <= 1 && left >= q.limit-1 && q.limit > 2 && now.Sub(q.saidAt) < q.window/2 &&
 		!q.saidReset.IsZero() && !resetAt.IsZero() && resetAt.Sub(q.saidReset) >= q.window/2 {
 		q.restarts = true
 	}
-	q.said, q.saidReset, q.saidAt = sig.Remaining, resetAt, now
+	q.said, q.saidReset, q.saidAt = left, resetAt, now
 }
 
 // tookQuota counts an attempt against the host's announced quota.
@@ -360,7 +361,7 @@ func (m *hostModel) syncQuota(st *hostState, pace Pace, now time.Time) {
 		return
 	}
 	if m.ctl.rate == 0 && pace == m.pace() {
-		floor := q.syncAt.Add(time.Duration(max(pace.Burst-q.syncLeft, 0)) * pace.interval())
+		floor := q.syncAt.Add(time.Duration(max(pace.Burst-int(q.syncLeft), 0)) * pace.interval())
 		if !q.resetAt.IsZero() {
 			// Whatever remains, the window is whole at its reset: no
 			// charge holds a slot past it.
@@ -374,3 +375,7 @@ func (m *hostModel) syncQuota(st *hostState, pace Pace, now time.Time) {
 	}
 	q.syncAt = 0
 }
+
+// clamp32 is a count an answer said, within an int32: a number past two
+// billion in a header is absurd, and read as the most an int32 holds.
+func clamp32(n int) int32 { return int32(max(min(n, math.MaxInt32), math.MinInt32)) }
