@@ -33,8 +33,8 @@ type control struct {
 	cutAt      instant
 	cutBefore  [2]float64 // the answers before the cut, and the refusals among them
 	lowered    [2]float64 // the answers since a cut that lowered the share refused, and the refusals
-	cutAnswers float64    // answers to attempts sent since the cut, and the refusals among them
-	cutRefused float64
+	cutAnswers float32    // answers to attempts sent since the cut, and the refusals among them (whole counts: exact)
+	cutRefused float32
 	cutFrom    float64 // the pace before the cut; 0: none
 }
 
@@ -367,7 +367,7 @@ func (m *hostModel) checkCut(ev *changes, now instant, binds bool, after time.Du
 	if c.cutAt.IsZero() || c.limit > 0 || now.Sub(c.cutAt) < after {
 		return unchecked
 	}
-	n, r := c.cutAnswers, c.cutRefused
+	n, r := float64(c.cutAnswers), float64(c.cutRefused)
 	if !c.cutBound && !binds {
 		c.cutAt = 0
 		return byLoad

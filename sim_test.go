@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -77,6 +78,15 @@ type simBase struct {
 type simTrace struct {
 	mu    sync.Mutex
 	lines []string
+}
+
+// simLogWriter puts a replay's log lines in its trace, at the time they
+// were written.
+type simLogWriter struct{ base *simBase }
+
+func (w simLogWriter) Write(p []byte) (int, error) {
+	w.base.trace.add("%9.3fs log: %s", time.Since(w.base.start).Seconds(), strings.TrimSpace(string(p)))
+	return len(p), nil
 }
 
 func (tr *simTrace) add(format string, args ...any) {
@@ -216,6 +226,15 @@ func runSim(t *testing.T, d simDraw, seed uint64, trace bool) simRun {
 				}
 				base.trace.add("%9.3fs %s: try %d got %s, %s", time.Since(base.start).Seconds(), ev.Request.URL.Path, ev.Attempt, what, next)
 			}))
+			// And the model's changes of state and pace, as a user's
+			// logger gets them.
+			opts = append(opts, WithLogger(slog.New(slog.NewTextHandler(simLogWriter{base}, &slog.HandlerOptions{
+				ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+					if a.Key == slog.TimeKey || a.Key == slog.LevelKey {
+						return slog.Attr{}
+					}
+					return a
+				}}))))
 		}
 		tr := New(opts...)
 		client := &http.Client{Transport: tr}

@@ -135,12 +135,44 @@ func (b *proxyBackend) close() {
 
 // freePort is a loopback port nothing listens on (at the time of asking).
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	for range 20 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if givenPorts.give(port) {
+			return port, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("no loopback port free that no other cell was given")
+}
+
+// givenPorts is the ports freePort handed out in this run: a port is free
+// between its listener's close and the proxy's bind, and the kernel may
+// hand it to the next cell that asks. Two cells on one port made one
+// cell's proxy fail to bind while its client, finding the port open,
+// sent to the other cell's proxy: both cells measured one proxy's limit
+// shared (a host taken for down, once).
+var givenPorts portBook
+
+type portBook struct {
+	mu    sync.Mutex
+	given map[int]bool
+}
+
+func (b *portBook) give(port int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.given[port] {
+		return false
+	}
+	if b.given == nil {
+		b.given = map[int]bool{}
+	}
+	b.given[port] = true
+	return true
 }
 
 // A proxyCell is one proxy configuration, one load and one set of
@@ -401,6 +433,7 @@ func startProxy(bin string, c proxyCell, dir string, upstreams []string) (*proxy
 				return nil, err
 			}
 			p.log = filepath.Join(dir, "requests.log")
+			os.Remove(filepath.Join(dir, "nginx.pid")) // a try before's: waitReady reads it as bound
 			p.cmd = exec.Command(bin, "-p", dir+"/", "-c", conf, "-e", filepath.Join(dir, "error.log"))
 			p.cmd.Stdout = stderr
 		case "haproxy":
@@ -448,11 +481,20 @@ func (p *proxyProc) waitReady(within time.Duration) error {
 		}
 		if conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", p.port), 200*time.Millisecond); err == nil {
 			conn.Close()
-			return nil
+			// The port answering may be another process's: nginx
+			// writes its pid file only once it has bound its own.
+			if filepath.Base(p.cmd.Path) != "nginx" || fileExists(filepath.Join(p.dir, "nginx.pid")) {
+				return nil
+			}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	return fmt.Errorf("%s: port %d not answering after %v: %s", filepath.Base(p.cmd.Path), p.port, within, p.diagnostics())
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // diagnostics is what the proxy wrote to its error log and stderr.
