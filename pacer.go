@@ -141,8 +141,9 @@ type Limiter interface {
 }
 
 // localLimiter is the default Limiter. Hosts live in shards, so unrelated
-// hosts never wait on one lock; a request to an unpaced host while nothing is
-// parked or modelled touches no lock at all.
+// hosts never wait on one lock; a request to an unpaced host touches no lock
+// at all while nothing is parked or modelled, nor, whatever other hosts
+// hold, while it has no entry (sweep.go keeps the entries, and frees them).
 type localLimiter struct {
 	// parkedUntil is the end of the latest parking ever set, as monotonic
 	// nanoseconds since epoch: while now is past it, no host is parked.
@@ -188,11 +189,14 @@ func (l *localLimiter) quiet(now time.Time) bool {
 }
 
 func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error) {
+	if a.Pace.Unlimited() && l.quiet(a.Now) {
+		return Reservation{OK: true}, nil
+	}
 	h := hostHash(a.Host)
 	if a.Pace.Unlimited() {
-		// A host without an entry is neither parked nor modelled,
-		// whatever other hosts are: no lock.
-		if l.quiet(a.Now) || !l.mayHold(h) {
+		if !l.mayHold(h) {
+			// A host without an entry is neither parked nor modelled,
+			// whatever other hosts are: no lock.
 			return Reservation{OK: true}, nil
 		}
 	} else {
