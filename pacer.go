@@ -492,6 +492,11 @@ type admission struct {
 // now is the caller's reading of the clock: the success path reads it once
 // per request, which matters where reading it costs 100 ns.
 func (t *Transport) admit(ctx context.Context, host string, now time.Time) (admission, error) {
+	if t.free != nil && !t.free.mayHold(hostHash(host)) {
+		// No pace configured, and the host has no entry: neither parked
+		// nor modelled, whatever other hosts hold.
+		return admission{at: now}, nil
+	}
 	deadline, _ := ctx.Deadline()
 	a := Attempt{Host: host, Pace: t.paceFor(host), Latest: deadline}
 	stuck := 0 // AskAgain answers that named no later moment
