@@ -69,3 +69,26 @@ func BenchmarkAdmitOthersHold(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSweepFullShard is what the request that runs a step of the
+// time sweep pays at most: a shard at its bound, every record live.
+func BenchmarkSweepFullShard(b *testing.B) {
+	l := newLocalLimiter(realClock{})
+	now := time.Now()
+	for i := 0; len(l.shards[0].hosts) < l.perShard; i++ {
+		h := "s" + strconv.Itoa(i) + ".test"
+		if shardOf(hostHash(h)) == 0 {
+			l.Learn(context.Background(), h, Signal{Now: now, Status: http.StatusInternalServerError, Reset: -1, Remaining: -1})
+		}
+	}
+	s := &l.shards[0]
+	b.ReportAllocs()
+	for b.Loop() {
+		s.mu.Lock()
+		s.sweep(l, now, false)
+		s.mu.Unlock()
+	}
+	if len(s.hosts) != l.perShard {
+		b.Fatalf("%d hosts left of %d", len(s.hosts), l.perShard)
+	}
+}
