@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"runtime"
 	"strconv"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -291,5 +292,76 @@ func TestMemoryMillionFailingHosts(t *testing.T) {
 			t.Errorf("3 minutes later: %d entries, heap %d KiB over the start; want none, under 1 MiB", e, after>>10)
 		}
 		runtime.KeepAlive(l)
+	})
+}
+
+// Requests from many goroutines to hosts that fail, park and answer,
+// while Hosts runs and the sweeps go: the counts stay true (the learning
+// count is the number of records; the filter's cells add up to the
+// entries), and every host is forgotten in the end.
+func TestSweepConcurrentCounts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := relRoundTripFunc(func(r *http.Request) (*http.Response, error) {
+			switch r.URL.Host[0] {
+			case 'f':
+				return relResponse(r, http.StatusInternalServerError, nil, nil, 0), nil
+			case 'p':
+				return relResponse(r, http.StatusTooManyRequests, http.Header{"Retry-After": {"2"}}, nil, 0), nil
+			}
+			return relResponse(r, http.StatusOK, nil, nil, 0), nil
+		})
+		tr := New(WithBase(base), WithMaxAttempts(2), WithBudget(nil))
+		l := tr.limiter.(*localLimiter)
+		l.perShard = 8 // the bound in play too
+		check := func(when string) {
+			t.Helper()
+			entries, models, _ := limiterCounts(l)
+			cells := int64(0)
+			if f := l.filter.Load(); f != nil {
+				for i := range f {
+					cells += int64(f[i].Load())
+				}
+			}
+			t.Logf("%s: %d entries, %d records", when, entries, models)
+			if l.learning.Load() != int64(models) || cells != int64(entries) {
+				t.Errorf("%s: learning %d for %d records; filter %d for %d entries", when, l.learning.Load(), models, cells, entries)
+			}
+		}
+		done := make(chan struct{})
+		go func() {
+			for {
+				select {
+				case <-done:
+					return
+				case <-time.After(100 * time.Millisecond):
+					for range tr.Hosts() {
+					}
+				}
+			}
+		}()
+		var wg sync.WaitGroup
+		for g := range 8 {
+			wg.Go(func() {
+				for i := range 400 {
+					host := string("fpo"[(g+i)%3]) + strconv.Itoa((g*7919+i*31)%600) + ".test"
+					ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+					if resp, err := tr.RoundTrip(relGet(t, ctx, "http://"+host+"/")); err == nil {
+						resp.Body.Close()
+					}
+					cancel()
+					time.Sleep(time.Duration(i%7) * 10 * time.Millisecond)
+				}
+			})
+		}
+		wg.Wait()
+		close(done)
+		check("after the requests")
+		for start := time.Now(); time.Since(start) < forgetAfter+sweepEvery+time.Second; time.Sleep(time.Second) {
+			crawl(t, tr, "http://ok.test/")
+		}
+		check("a minute later")
+		if e, _, _ := limiterCounts(l); e != 0 {
+			t.Errorf("%d entries a minute after the last request, want none", e)
+		}
 	})
 }
