@@ -198,7 +198,8 @@ type HostStatus struct {
 	// ForgetAt is when the in-process limiter forgets the host at the
 	// latest if nothing more is heard of it (sooner once nothing went
 	// wrong with it for a minute, or under the bound on hosts); its entry
-	// is freed within 10 s after. Set by Transport.Hosts.
+	// is freed by the next sweep of its shard, within 10 s after while
+	// requests come. Set by Transport.Hosts.
 	ForgetAt time.Time
 }
 
