@@ -514,7 +514,7 @@ func TestPaceOfOneAHoldGrows(t *testing.T) {
 	if _, err := l.Learn(ctx, host, Signal{Now: now, Status: 500, Reset: -1, Remaining: -1}); err != nil {
 		t.Fatal(err)
 	}
-	m := l.shards[shardOf(host)].hosts[host].model
+	m := l.shards[shardOf(hostHash(host))].hosts[host].model
 	m.state, m.lastTrouble = HostOverloaded, m.at(now)
 	m.ctl = control{rate: 1, burst: 1, step: probeStep, grownAt: m.at(now.Add(-time.Second))}
 	// Ten callers, each with a page every 2.5 s: each asks, waits what it

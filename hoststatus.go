@@ -57,6 +57,19 @@ type HostStatus struct {
 	InFlight int
 	// Retry is, for a down host, when it is tried next.
 	Retry time.Time
+	// Host is the host, as the Transport keys it (lower case host[:port],
+	// without the scheme's default port). Set by Transport.Hosts and
+	// Transport.HostStatus; empty from a Limiter's Learn.
+	Host string
+	// ParkedUntil is when the host's parking ends; zero when it is not
+	// parked. Set by Transport.Hosts.
+	ParkedUntil time.Time
+	// ForgetAt is when the in-process limiter forgets the host at the
+	// latest if nothing more is heard of it (sooner once nothing went
+	// wrong with it for a minute, or under the bound on hosts); its entry
+	// is freed by the next sweep of its shard, within 10 s after while
+	// requests come. Set by Transport.Hosts.
+	ForgetAt time.Time
 }
 
 // ErrHostDown is the errors.Is target for a request handed back at once,

@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -144,8 +141,9 @@ type Limiter interface {
 }
 
 // localLimiter is the default Limiter. Hosts live in shards, so unrelated
-// hosts never wait on one lock; a request to an unpaced host while nothing is
-// parked or modelled touches no lock at all.
+// hosts never wait on one lock; a request to an unpaced host touches no lock
+// at all while nothing is parked or modelled, nor, whatever other hosts
+// hold, while it has no entry (sweep.go keeps the entries, and frees them).
 type localLimiter struct {
 	// parkedUntil is the end of the latest parking ever set, as monotonic
 	// nanoseconds since epoch: while now is past it, no host is parked.
@@ -158,47 +156,53 @@ type localLimiter struct {
 	// nanoseconds since epoch: until then, answers of attempts sent before
 	// it are told to it.
 	freshUntil atomic.Int64
-	epoch      time.Time
-	clock      Clock        // for Park, which is told no time but must sweep by it
-	logger     *slog.Logger // one line when a host's state or learned pace changes much
-	shards     [shardCount]shard
+	// sweepDue is when the next shard is swept for what time made idle,
+	// as monotonic nanoseconds since epoch; sweepNext counts the shards
+	// swept, the next one's index (sweep.go).
+	sweepDue  atomic.Int64
+	sweepNext atomic.Uint32
+	// filter tells a host without an entry without a lock, made with the
+	// first entry; perShard is the most entries a shard holds (maxHosts).
+	filter   atomic.Pointer[hostFilter]
+	perShard int
+	epoch    time.Time
+	clock    Clock        // for Park, which is told no time but must sweep by it
+	logger   *slog.Logger // one line when a host's state or learned pace changes much
+	shards   [shardCount]shard
 }
-
-const shardCount = 64
-
-type shard struct {
-	mu      sync.Mutex
-	hosts   map[string]*hostState
-	sweepAt int // sweep idle hosts when the map reaches this size
-	_       [40]byte
-}
-
-// hostState is what one host costs: under 100 bytes with its map entry,
-// and its model once it failed, refused or announced a quota.
-type hostState struct {
-	tat   time.Time  // the pace's theoretical arrival time (GCRA): the slot after the last one given
-	until time.Time  // parked until; zero or past: not parked
-	model *hostModel // nil while the host is healthy
-}
-
-// minSweep is the map size below which a shard is never swept.
-const minSweep = 64
 
 func newLocalLimiter(clk Clock) *localLimiter {
-	return &localLimiter{clock: clk, epoch: clk.Now()}
+	l := &localLimiter{clock: clk, epoch: clk.Now(), perShard: maxHosts / shardCount}
+	l.sweepDue.Store(int64(sweepStep))
+	return l
 }
 
 // quiet reports, with two atomic loads, that no host is parked at now nor
-// paced by what was learned.
+// paced by what was learned; with a third, it runs the time sweep when
+// its moment has come (sweep.go), on the clock reading the caller has.
 func (l *localLimiter) quiet(now time.Time) bool {
-	return l.learning.Load() == 0 && now.Sub(l.epoch).Nanoseconds() >= l.parkedUntil.Load()
+	ns := now.Sub(l.epoch).Nanoseconds()
+	if ns >= l.sweepDue.Load() {
+		l.sweepSome(now, ns)
+	}
+	return l.learning.Load() == 0 && ns >= l.parkedUntil.Load()
 }
 
 func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error) {
 	if a.Pace.Unlimited() && l.quiet(a.Now) {
 		return Reservation{OK: true}, nil
 	}
-	s := &l.shards[shardOf(a.Host)]
+	h := hostHash(a.Host)
+	if a.Pace.Unlimited() {
+		if !l.mayHold(h) {
+			// A host without an entry is neither parked nor modelled,
+			// whatever other hosts are: no lock.
+			return Reservation{OK: true}, nil
+		}
+	} else {
+		l.tick(a.Now)
+	}
+	s := &l.shards[shardOf(h)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.hosts[a.Host]
@@ -206,7 +210,8 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 		if a.Pace.Unlimited() {
 			return Reservation{OK: true}, nil // not parked: parking creates the entry
 		}
-		st = s.add(l, a.Host, a.Now)
+		// A configured pace is kept whatever the bound on entries.
+		st = s.add(l, a.Host, h, a.Now, true)
 	}
 	if st.until.After(a.Now) {
 		return Reservation{ParkedUntil: st.until}, nil
@@ -370,7 +375,9 @@ func (st *hostState) giveBack(now time.Time, interval time.Duration, after time.
 }
 
 func (l *localLimiter) Learn(_ context.Context, host string, sig Signal) (HostStatus, error) {
-	s := &l.shards[shardOf(host)]
+	l.tick(sig.Now)
+	h := hostHash(host)
+	s := &l.shards[shardOf(h)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.hosts[host]
@@ -383,7 +390,10 @@ func (l *localLimiter) Learn(_ context.Context, host string, sig Signal) (HostSt
 			return HostStatus{Pace: Pace{Limit: rate.Inf}}, nil
 		}
 		if st == nil {
-			st = s.add(l, host, sig.Now)
+			if st = s.add(l, host, h, sig.Now, false); st == nil {
+				// The shard is full: the host stays unrecorded, healthy.
+				return HostStatus{Pace: Pace{Limit: rate.Inf}}, nil
+			}
 		}
 		m = newModel(l.gens.Add(1), &l.epoch, sig.Now)
 		// At most what the process has on its way to every host: what it
@@ -417,11 +427,19 @@ func worthARecord(sig *Signal) bool {
 }
 
 func (l *localLimiter) Park(_ context.Context, host string, until time.Time) error {
-	s := &l.shards[shardOf(host)]
+	now := l.clock.Now()
+	l.tick(now)
+	h := hostHash(host)
+	s := &l.shards[shardOf(h)]
 	s.mu.Lock()
 	st := s.hosts[host]
 	if st == nil {
-		st = s.add(l, host, l.clock.Now())
+		if st = s.add(l, host, h, now, false); st == nil {
+			// The shard is full: the request told to wait waits, and
+			// the host's others are told again.
+			s.mu.Unlock()
+			return nil
+		}
 	}
 	if until.After(st.until) {
 		st.until = until
@@ -438,143 +456,12 @@ func (l *localLimiter) Park(_ context.Context, host string, until time.Time) err
 // probeBy brings a down host's next probe forward to at, when it is
 // later: another process had the probe this one was given.
 func (l *localLimiter) probeBy(host string, at time.Time) {
-	s := &l.shards[shardOf(host)]
+	s := &l.shards[shardOf(hostHash(host))]
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if st := s.hosts[host]; st != nil && st.model != nil && st.model.state == HostDown && st.model.at(at).Before(st.model.down.next) {
 		st.model.down.next = st.model.at(at)
 	}
-}
-
-// add makes a host's entry, first dropping idle hosts when the shard has
-// grown: a host whose bucket is full again, whose parking is over and whose
-// learned capacity has expired is indistinguishable from a new one, so
-// forgetting it changes nothing. The sweep runs when the shard doubles, so
-// its cost is constant per host added and a crawler of a million hosts
-// holds only those active lately.
-func (s *shard) add(l *localLimiter, host string, now time.Time) *hostState {
-	if s.hosts == nil {
-		s.hosts = make(map[string]*hostState)
-		s.sweepAt = minSweep
-	}
-	if len(s.hosts) >= s.sweepAt {
-		for h, st := range s.hosts {
-			if st.idle(now) {
-				if st.model != nil {
-					st.model.releaseAll()
-					l.learning.Add(-1)
-				}
-				delete(s.hosts, h)
-			}
-		}
-		s.sweepAt = max(minSweep, 2*len(s.hosts))
-	}
-	st := &hostState{}
-	s.hosts[host] = st
-	return st
-}
-
-// sweepIdle is how long a host's model must have been quiet for a sweep,
-// under the pressure of memory, to forget it: a crawler meets a host, and
-// moves on.
-const sweepIdle = 3 * time.Second
-
-// idle reports whether a host can be forgotten when its shard grows: not
-// parked, its bucket full, and its model either expired or, under this
-// pressure of memory, quiet for sweepIdle with nothing in flight and not
-// down.
-func (st *hostState) idle(now time.Time) bool {
-	m := st.model
-	return !st.until.After(now) && !st.tat.After(now) &&
-		(m == nil || m.expired(now) || (m.quietFor(now) >= sweepIdle && m.inflight == 0 && m.state != HostDown))
-}
-
-// shardOf is FNV-1a, inlined so that hashing a host allocates nothing.
-func shardOf(host string) int {
-	h := uint32(2166136261)
-	for i := 0; i < len(host); i++ {
-		h ^= uint32(host[i])
-		h *= 16777619
-	}
-	return int(h % shardCount)
-}
-
-// hostKey names the host an attempt goes to as net/http would dial it:
-// lower case, without the scheme's default port or an empty one, without
-// the trailing dot of a fully qualified name, and an internationalised name
-// in its ASCII (punycode) form. It allocates only for a host that needs one
-// of these changes.
-func hostKey(u *url.URL) string {
-	if u == nil {
-		return ""
-	}
-	return canonicalHost(u.Scheme, u.Host)
-}
-
-func canonicalHost(scheme, h string) string {
-	name, port := splitHostPort(h)
-	if port == "" || (scheme == "https" && port == "443") || (scheme == "http" && port == "80") {
-		h, port = name, ""
-	}
-	if plainHost(name) && port == "" {
-		return h
-	}
-	name = strings.TrimSuffix(strings.ToLower(name), ".")
-	if !isASCII(name) {
-		name = toPunycode(name)
-	}
-	if port != "" {
-		return name + ":" + port
-	}
-	return name
-}
-
-// splitHostPort splits host[:port], keeping an IPv6 literal's brackets.
-func splitHostPort(h string) (name, port string) {
-	i := strings.LastIndexByte(h, ':')
-	if i < 0 || strings.LastIndexByte(h, ']') > i {
-		return h, ""
-	}
-	return h[:i], h[i+1:]
-}
-
-// plainHost reports whether name is already canonical: lower-case ASCII,
-// no trailing dot.
-func plainHost(name string) bool {
-	for i := 0; i < len(name); i++ {
-		if c := name[i]; c >= 0x80 || ('A' <= c && c <= 'Z') {
-			return false
-		}
-	}
-	return !strings.HasSuffix(name, ".")
-}
-
-func isASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] >= 0x80 {
-			return false
-		}
-	}
-	return true
-}
-
-// normalizeHostOption accepts what a user may pass to WithHostPace: a bare
-// host, host:port, an IPv6 address with or without brackets, or a URL.
-func normalizeHostOption(host string) string {
-	host = strings.TrimSpace(host)
-	if strings.Contains(host, "://") {
-		if u, err := url.Parse(host); err == nil {
-			return hostKey(u)
-		}
-	}
-	if strings.Count(host, ":") > 1 && !strings.HasPrefix(host, "[") {
-		host = "[" + host + "]" // a bare IPv6 address, as a URL writes it
-	}
-	name, port := splitHostPort(host)
-	if port == "443" || port == "80" {
-		host = name
-	}
-	return canonicalHost("", host)
 }
 
 // paceError is a Transport's pace declining an attempt: its slot to the
@@ -614,6 +501,11 @@ type admission struct {
 // now is the caller's reading of the clock: the success path reads it once
 // per request, which matters where reading it costs 100 ns.
 func (t *Transport) admit(ctx context.Context, host string, now time.Time) (admission, error) {
+	if t.free != nil && !t.free.mayHold(hostHash(host)) {
+		// No pace configured, and the host has no entry: neither parked
+		// nor modelled, whatever other hosts hold.
+		return admission{at: now}, nil
+	}
 	deadline, _ := ctx.Deadline()
 	a := Attempt{Host: host, Pace: t.paceFor(host), Latest: deadline}
 	stuck := 0 // AskAgain answers that named no later moment
@@ -804,5 +696,8 @@ func (t *Transport) HostPace(ctx context.Context, host string) (Pace, error) {
 // down or recovering, since when, and the pace or limit in flight it
 // learned. For logs, metrics and health checks.
 func (t *Transport) HostStatus(ctx context.Context, host string) (HostStatus, error) {
-	return t.limiter.Learn(ctx, normalizeHostOption(host), Signal{Now: t.clock.Now(), Reset: -1, Remaining: -1})
+	host = normalizeHostOption(host)
+	st, err := t.limiter.Learn(ctx, host, Signal{Now: t.clock.Now(), Reset: -1, Remaining: -1})
+	st.Host = host
+	return st, err
 }

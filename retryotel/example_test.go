@@ -37,7 +37,7 @@ func Example() {
 	tr := retryhttp.New(append(inst.Options(),
 		retryhttp.WithBase(inst.Base(nil)), // nil: retryhttp's default base
 		retryhttp.WithBackoff(time.Millisecond, 2*time.Millisecond))...)
-	reg, err := inst.Observe(tr) // the pace gauge
+	reg, err := inst.Observe(tr) // the pace and host gauges
 	if err != nil {
 		panic(err)
 	}

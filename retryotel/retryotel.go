@@ -1,7 +1,8 @@
 // Package retryotel reports what retryhttp Transports do to OpenTelemetry:
 // the resend count on the span of each attempt, an event on the caller's
 // span for each retry, refused retry and parking, and metrics of attempts,
-// retries, refusals, parkings and each host's pace.
+// retries, refusals, parkings, each host's pace, and the hosts held by
+// state.
 //
 // It is a module of its own so that the core keeps no OpenTelemetry
 // dependency. One Instrumentation serves one Transport:
@@ -9,7 +10,7 @@
 //	inst := retryotel.New()
 //	opts := append(inst.Options(), retryhttp.WithBase(inst.Base(nil)))
 //	tr := retryhttp.New(opts...)
-//	reg, err := inst.Observe(tr) // the pace gauge; reg.Unregister() when done
+//	reg, err := inst.Observe(tr) // the gauges; reg.Unregister() when done
 //	client := &http.Client{Transport: otelhttp.NewTransport(tr)} // optional outer span
 //
 // Metric attributes name hosts (server.address, server.port), never URLs
@@ -50,12 +51,17 @@ const (
 // conventions' (server.address, server.port, http.request.method,
 // http.response.status_code, error.type, http.request.resend_count).
 const (
-	AttemptKey = attribute.Key("retryhttp.attempt") // the try that failed, 1 for the first
-	WaitKey    = attribute.Key("retryhttp.wait")    // seconds waited before the retry was sent
-	ReasonKey  = attribute.Key("retryhttp.reason")  // a retryhttp.Reason: why a retry was refused
-	ErrorKey   = attribute.Key("retryhttp.error")   // the error's text, without a URL
-	UntilKey   = attribute.Key("retryhttp.until")   // when a parking ends, RFC 3339 in UTC
+	AttemptKey = attribute.Key("retryhttp.attempt")    // the try that failed, 1 for the first
+	WaitKey    = attribute.Key("retryhttp.wait")       // seconds waited before the retry was sent
+	ReasonKey  = attribute.Key("retryhttp.reason")     // a retryhttp.Reason: why a retry was refused
+	ErrorKey   = attribute.Key("retryhttp.error")      // the error's text, without a URL
+	UntilKey   = attribute.Key("retryhttp.until")      // when a parking ends, RFC 3339 in UTC
+	StateKey   = attribute.Key("retryhttp.host.state") // a retryhttp.HostState's name: healthy, failing, overloaded, down, recovering
 )
+
+// hostStates is how many states the host gauge reports: retryhttp's
+// HostHealthy to HostRecovering, numbered from 0.
+const hostStates = int(retryhttp.HostRecovering) + 1
 
 // DefaultMaxHosts is how many hosts an Instrumentation remembers for the
 // pace gauge when WithMaxHosts does not say.
@@ -75,6 +81,9 @@ type Instrumentation struct {
 	refusals metric.Int64Counter
 	parkings metric.Int64Counter
 	pace     metric.Float64ObservableGauge
+	held     metric.Int64ObservableGauge      // hosts held, by state
+	parked   metric.Int64ObservableGauge      // hosts parked
+	states   [hostStates]metric.ObserveOption // each state's attribute, made once
 	meter    metric.Meter
 }
 
@@ -173,6 +182,15 @@ func New(opts ...Option) *Instrumentation {
 	i.pace, err = i.meter.Float64ObservableGauge("retryhttp.client.host.pace", metric.WithUnit("{request}/s"),
 		metric.WithDescription("The pace in force for a recently seen host that is paced, configured or learned."))
 	errs = errors.Join(errs, err)
+	i.held, err = i.meter.Int64ObservableGauge("retryhttp.client.hosts", metric.WithUnit("{host}"),
+		metric.WithDescription("The hosts the Transport holds a record of, by retryhttp.host.state (Transport.Hosts)."))
+	errs = errors.Join(errs, err)
+	i.parked, err = i.meter.Int64ObservableGauge("retryhttp.client.hosts.parked", metric.WithUnit("{host}"),
+		metric.WithDescription("The hosts parked: every request to them waits, or fails fast, until a moment a server named."))
+	errs = errors.Join(errs, err)
+	for s := range hostStates {
+		i.states[s] = metric.WithAttributeSet(attribute.NewSet(StateKey.String(retryhttp.HostState(s).String())))
+	}
 	if errs != nil {
 		otel.Handle(errs)
 	}
@@ -260,17 +278,25 @@ func (i *Instrumentation) onPark(ev retryhttp.ParkEvent) {
 	}
 }
 
-// Observe makes the pace gauge, retryhttp.client.host.pace, report t's
-// pace (Transport.HostPace) for each paced host among the most recent
-// that this Instrumentation saw, at each collection, until the returned
-// Registration is unregistered. A host is seen by Base on every attempt,
-// and by the hooks of Options; unpaced hosts are not reported. With a
-// shared Limiter (redislimit), each host costs a call to it per collection.
+// Observe makes the gauges report t at each collection, until the
+// returned Registration is unregistered:
+//
+//   - retryhttp.client.host.pace, t's pace (Transport.HostPace) for each
+//     paced host among the most recent that this Instrumentation saw. A
+//     host is seen by Base on every attempt, and by the hooks of Options;
+//     unpaced hosts are not reported. With a shared Limiter (redislimit),
+//     each host costs a call to it per collection;
+//   - retryhttp.client.hosts, how many hosts t holds a record of in each
+//     state (Transport.Hosts; every state reported, 0 included), and
+//     retryhttp.client.hosts.parked, how many of them are parked. They
+//     range over t's records once per collection, one shard's lock at a
+//     time, and cost nothing on the path of a request.
 func (i *Instrumentation) Observe(t *retryhttp.Transport) (metric.Registration, error) {
 	if t == nil {
 		return nil, errors.New("retryotel: Observe of a nil Transport")
 	}
 	return i.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		i.observeHosts(t, o)
 		var first error
 		failed := 0
 		for _, h := range i.hosts.list() {
@@ -290,7 +316,25 @@ func (i *Instrumentation) Observe(t *retryhttp.Transport) (metric.Registration, 
 			return errors.New("retryotel: pace of " + strconv.Itoa(failed) + " hosts unknown: " + first.Error())
 		}
 		return nil
-	}, i.pace)
+	}, i.pace, i.held, i.parked)
+}
+
+// observeHosts counts t's records by state, and those parked.
+func (i *Instrumentation) observeHosts(t *retryhttp.Transport, o metric.Observer) {
+	var n [hostStates]int64
+	var parked int64
+	for st := range t.Hosts() {
+		if int(st.State) < len(n) {
+			n[st.State]++
+		}
+		if !st.ParkedUntil.IsZero() { // set only while parked
+			parked++
+		}
+	}
+	for s := range hostStates {
+		o.ObserveInt64(i.held, n[s], i.states[s])
+	}
+	o.ObserveInt64(i.parked, parked)
 }
 
 // host is a host as the metrics name it: a map key.
