@@ -204,7 +204,8 @@ func TestHedgeWinnerBodyLives(t *testing.T) {
 
 // BenchmarkHedgeNoFire is the cost of hedging when no hedge is sent: the
 // in-memory base answers before any delay, beside the plain success path
-// through the same Transport without hedging.
+// through the same Transport without hedging. The goal (issue 25): fixed
+// and learned at most 6 allocations and 2x plain.
 func BenchmarkHedgeNoFire(b *testing.B) {
 	get, _ := http.NewRequest("GET", "http://api.test/v1/x", nil)
 	for _, bc := range []struct {
@@ -212,7 +213,7 @@ func BenchmarkHedgeNoFire(b *testing.B) {
 		rt   http.RoundTripper
 	}{
 		{"plain", New(WithBase(memBase{}))},
-		{"hedge-fixed", New(WithBase(memBase{}), WithHedging(time.Second))},
+		{"hedge-fixed", New(WithBase(memBase{}), WithHedging(100 * time.Millisecond))},
 		{"hedge-learned", New(WithBase(memBase{}), WithHedging(0))},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
