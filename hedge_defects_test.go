@@ -115,7 +115,7 @@ func TestNilBodyIsNoBody(t *testing.T) {
 // TestHedgeFinalFirstAnswerReturnsAtOnce: a first answer that parks the
 // host (503, Retry-After: 120) comes back at once, body unread: beside a
 // hedge that still waits for its pace slot, which is abandoned (never
-// sent, never reported), and beside a hedge in flight, which is cancelled.
+// sent, never reported), and beside hedges in flight, which are cancelled.
 func TestHedgeFinalFirstAnswerReturnsAtOnce(t *testing.T) {
 	type result struct {
 		Code   int
@@ -132,8 +132,10 @@ func TestHedgeFinalFirstAnswerReturnsAtOnce(t *testing.T) {
 	}{
 		{name: "hedge waiting for its slot", opts: []Option{WithPace(0.1, 1)},
 			want: result{503, "busy", true, 50 * time.Millisecond, 1, 0}},
+		// Two hedges in flight: the first at 10 ms, and, that one still
+		// unanswered, another at 20 ms.
 		{name: "hedge in flight",
-			want: result{503, "busy", true, 50 * time.Millisecond, 2, 1}},
+			want: result{503, "busy", true, 50 * time.Millisecond, 3, 2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {

@@ -213,7 +213,7 @@ func BenchmarkHedgeNoFire(b *testing.B) {
 		rt   http.RoundTripper
 	}{
 		{"plain", New(WithBase(memBase{}))},
-		{"hedge-fixed", New(WithBase(memBase{}), WithHedging(100 * time.Millisecond))},
+		{"hedge-fixed", New(WithBase(memBase{}), WithHedging(100*time.Millisecond))},
 		{"hedge-learned", New(WithBase(memBase{}), WithHedging(0))},
 	} {
 		b.Run(bc.name, func(b *testing.B) {

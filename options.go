@@ -81,7 +81,7 @@ type config struct {
 	attemptTimeout          time.Duration
 	hedging                 bool
 	hedgeDelay              time.Duration // 0: learned
-	hedgeLearns             bool          // hedging, with a learned delay
+	hedgeLearns             bool          // unset: the learned hedge delay's latencies are the hedger's own (hedgelatency.go), not the host model's
 	replayLimit             int64
 	onRetry, onGiveUp       []func(RetryEvent)
 	onPark                  []func(ParkEvent)
@@ -338,7 +338,6 @@ func WithAttemptTimeout(d time.Duration) Option {
 func WithHedging(delay time.Duration) Option {
 	return func(c *config) {
 		c.hedging, c.hedgeDelay = true, max(delay, 0)
-		c.hedgeLearns = c.hedgeDelay == 0
 	}
 }
 
