@@ -228,3 +228,111 @@ func BenchmarkHedgeNoFire(b *testing.B) {
 		})
 	}
 }
+
+// hangingHost answers in 10 ms, but holds the 3rd and 4th request of every
+// ten until the client gives up on it: one request in five, and calls made
+// one after another meet two in a row, so that a hedge hangs too.
+type hangingHost struct {
+	n, running atomic.Int64
+}
+
+func (h *hangingHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.running.Add(1)
+	defer h.running.Add(-1)
+	d := 10 * time.Millisecond
+	if n := h.n.Add(1) % 10; n == 3 || n == 4 {
+		d = time.Hour
+	}
+	select {
+	case <-time.After(d):
+		io.WriteString(w, "ok")
+	case <-r.Context().Done(): // the client gave up on it
+	}
+}
+
+// bodyLedger counts the response bodies a base hands out and those
+// closed, each once.
+type bodyLedger struct {
+	base           http.RoundTripper
+	opened, closed atomic.Int64
+}
+
+func (b *bodyLedger) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := b.base.RoundTrip(req)
+	if resp != nil {
+		b.opened.Add(1)
+		resp.Body = &ledgerBody{ReadCloser: resp.Body, l: b}
+	}
+	return resp, err
+}
+
+type ledgerBody struct {
+	io.ReadCloser
+	l    *bodyLedger
+	once sync.Once
+}
+
+func (b *ledgerBody) Close() error {
+	b.once.Do(func() { b.l.closed.Add(1) })
+	return b.ReadCloser.Close()
+}
+
+// TestHedgeRehedgesHungHedge: a hedge that meets a hung request too is
+// hedged in turn, after another delay, so that every call of 200 made one
+// after another to a host that holds one request in five (two in a row
+// now and then) gets its page, none slower than 4 hedge delays and the
+// host's 10 ms, with the fixed delay and with the learned one (250 ms
+// before any latency is known). Every hung attempt is cancelled (the host
+// has nothing running at the end) and every body closed.
+func TestHedgeRehedgesHungHedge(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		delay time.Duration // WithHedging's
+		bound time.Duration // the slowest call at most
+	}{
+		{"fixed", 100 * time.Millisecond, 4*100*time.Millisecond + 10*time.Millisecond},
+		{"learned", 0, 4*hedgeStart + 10*time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				host := &hangingHost{}
+				net := newPipeNet(host)
+				defer net.close()
+				base := &bodyLedger{base: net.tr}
+				var rehedged atomic.Int64 // hedges of a hedge
+				var giveUps events
+				tr := New(WithBase(base), WithHedging(tc.delay), WithOnRetry(func(ev RetryEvent) {
+					if ev.Hedge && ev.Attempt == 2 {
+						rehedged.Add(1)
+					}
+				}), WithOnGiveUp(giveUps.add))
+				var slowest time.Duration
+				for i := range 200 {
+					start := time.Now()
+					code, body := get(t, tr, "http://hangs.test/")
+					if code != 200 || body != "ok" {
+						t.Fatalf("call %d: %d %q, want the page", i, code, body)
+					}
+					slowest = max(slowest, time.Since(start))
+				}
+				synctest.Wait() // the cancelled attempts let go
+				if slowest > tc.bound {
+					t.Errorf("slowest call %v, want at most %v", slowest, tc.bound)
+				}
+				if rehedged.Load() == 0 {
+					t.Errorf("no hedge was hedged: the test meets no hung hedge")
+				}
+				if evs := giveUps.list(); len(evs) != 0 {
+					t.Errorf("hedges not sent: %+v", evs)
+				}
+				if n := host.running.Load(); n != 0 {
+					t.Errorf("%d requests still running at the host: attempts leaked", n)
+				}
+				if o, c := base.opened.Load(), base.closed.Load(); o != c {
+					t.Errorf("%d bodies closed of %d", c, o)
+				}
+				t.Logf("%d requests, %d hedges of a hedge, slowest %v", host.n.Load(), rehedged.Load(), slowest)
+			})
+		})
+	}
+}
