@@ -10,22 +10,25 @@ import (
 )
 
 // Hedging (WithHedging): when the first attempt of a request that is safe
-// to repeat has not answered after a delay, one more is sent beside it, and
-// the first answer that needs no retry wins; the other attempt is cancelled
-// and its body closed. A hedge is an attempt only once it is sent (R19):
-// until then it holds no budget, no event, no body and no pace slot that
-// another request could need, and a first answer that comes meanwhile
-// abandons it. Once sent it is an attempt like any: it went through the
-// host's pace and parking, spent the retry budget (refunded when it wins),
-// carries its resend count, and was reported to the hooks
-// (RetryEvent.Hedge) and the log just before it went. The delay is fixed,
-// or learned from the host's recent answers (The Tail at Scale, Dean and
-// Barroso 2013: a hedge after the 95th percentile cuts the tail for a few
-// percent more requests).
+// to repeat has not answered after a delay, one more is sent beside it;
+// when that one too is unanswered another delay later (it may have met a
+// hung request, as the first did), one more again, up to hedgeInFlight
+// attempts in all (and WithMaxAttempts). The first answer that needs no
+// retry wins; the others are cancelled and their bodies closed. A hedge is
+// an attempt only once it is sent (R19): until then it holds no budget, no
+// event, no body and no pace slot that another request could need, and a
+// first answer that comes meanwhile abandons it. Once sent it is an
+// attempt like any: it went through the host's pace and parking, spent the
+// retry budget (refunded when it wins), carries its resend count, and was
+// reported to the hooks (RetryEvent.Hedge) and the log just before it
+// went. The delay is fixed, or learned from the host's recent answers (The
+// Tail at Scale, Dean and Barroso 2013: a hedge after the 95th percentile
+// cuts the tail for a few percent more requests).
 //
-// The first attempt runs on the caller's goroutine, and the hedge on the
-// timer's (time.AfterFunc): a call answered before its delay pays for a
-// timer and a context, no goroutine and no channel.
+// The first attempt runs on the caller's goroutine, and each hedge on the
+// timer's (time.AfterFunc): a call answered before its delay pays for the
+// hedger (which holds the first attempt's request and context) and a
+// timer, no goroutine, no channel and no context of its own.
 
 // hedgeFloor is the shortest learned hedge delay. Below it a hedge fires
 // on the client's own scheduling delay rather than on the host's: with
@@ -172,6 +175,7 @@ func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 		// The first was cancelled for a hedge's answer.
 		h.end(won)
 		t.cleanUp(c.ctx, c.hostName(), c.adm, first.resp)
+		h.ctx.cancel()
 		return h.answer(c, won)
 	}
 	plain := !c.observe(&first)
