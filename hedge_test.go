@@ -2,6 +2,7 @@ package retryhttp
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -334,5 +335,41 @@ func TestHedgeRehedgesHungHedge(t *testing.T) {
 				t.Logf("%d requests, %d hedges of a hedge, slowest %v", host.n.Load(), rehedged.Load(), slowest)
 			})
 		})
+	}
+}
+
+// TestHedgeLatencyTable: the learned delay's latencies are the last 64 of
+// a host, their 95th percentile the 61st of them in order; a host quiet
+// past latencyForget counts as never seen; a thousand hosts keep at most
+// latencySlots records, and a busy host keeps its own among them.
+func TestHedgeLatencyTable(t *testing.T) {
+	lt := newLatencyTable()
+	now := time.Unix(1e9, 0)
+	for i := range 104 { // the last 64: 41..104 ms (worked out every eighth answer)
+		lt.add("busy.test", time.Duration(i+1)*time.Millisecond, now)
+	}
+	if got, want := lt.p95("busy.test", now), 101*time.Millisecond; got != want {
+		t.Errorf("p95 %v, want %v (the 61st of 41..104 ms)", got, want)
+	}
+	lt.add("one.test", 7*time.Millisecond, now)
+	if got := lt.p95("one.test", now); got != 7*time.Millisecond {
+		t.Errorf("p95 of one answer %v, want it", got)
+	}
+	if got := lt.p95("one.test", now.Add(latencyForget+time.Second)); got != 0 {
+		t.Errorf("p95 of a host quiet past latencyForget %v, want none", got)
+	}
+	for i := range 1000 {
+		now = now.Add(time.Millisecond)
+		lt.add(fmt.Sprintf("h%d.test", i), time.Millisecond, now)
+		lt.add("busy.test", 100*time.Millisecond, now)
+	}
+	records := 0
+	for i := range lt.slots {
+		if lt.slots[i].Load() != nil {
+			records++
+		}
+	}
+	if records > latencySlots || lt.p95("busy.test", now) != 100*time.Millisecond {
+		t.Errorf("%d records, busy host's p95 %v; want at most %d and its own kept", records, lt.p95("busy.test", now), latencySlots)
 	}
 }

@@ -16,17 +16,17 @@ import (
 //
 // The table is fixed: latencySlots records, each host hashed to two of
 // them, so that memory is bounded by the table, not by the hosts a crawler
-// meets (R20). A host takes a free slot, or one whose host has been quiet
-// past latencyForget, else the less recently seen of its two; a host that
-// loses its slot starts again from hedgeStart.
+// meets (R20). A host takes a free slot, else the less recently seen of its
+// two; a host that loses its slot, or is quiet past latencyForget, starts
+// again from hedgeStart.
 
 // latencySlots is how many hosts' latencies a Transport keeps at most:
 // about 600 bytes each, 150 KiB in all, made once.
 const latencySlots = 256
 
-// latencyForget is how long a host's latencies are kept after its last
-// answer, against a host wanting its slot: a host quiet for longer has
-// changed, or is gone.
+// latencyForget is how long a host's latencies count after its last
+// answer: a host quiet for longer may have changed, and is hedged as one
+// never seen, as the host model forgets it (forgetAfter).
 const latencyForget = time.Minute
 
 // latencyTable is a Transport's hosts' recent latencies, for the learned
@@ -73,10 +73,10 @@ func (lt *latencyTable) lookup(host string) *hostLatencies {
 	return nil
 }
 
-// p95 is the 95th percentile of host's recent latencies, 0 when none are
-// known.
-func (lt *latencyTable) p95(host string) time.Duration {
-	if r := lt.lookup(host); r != nil {
+// p95 is the 95th percentile of host's recent latencies at now, 0 when
+// none are known or the host has been quiet past latencyForget.
+func (lt *latencyTable) p95(host string, now time.Time) time.Duration {
+	if r := lt.lookup(host); r != nil && now.UnixNano()-r.seen.Load() <= int64(latencyForget) {
 		return time.Duration(r.p95.Load())
 	}
 	return 0
@@ -86,7 +86,7 @@ func (lt *latencyTable) p95(host string) time.Duration {
 func (lt *latencyTable) add(host string, d time.Duration, now time.Time) {
 	r := lt.lookup(host)
 	if r == nil {
-		r = lt.claim(host, now)
+		r = lt.claim(host)
 	}
 	r.seen.Store(now.UnixNano())
 	n := r.n.Add(1)
@@ -96,12 +96,11 @@ func (lt *latencyTable) add(host string, d time.Duration, now time.Time) {
 	}
 }
 
-// claim gives host a record in one of its slots: a free one, or one whose
-// host has been quiet past latencyForget, or else the one seen less
-// lately. Two callers claiming at once each get a record; one of them is
+// claim gives host a record in one of its slots: a free one, or else the
+// one seen less lately. Two callers claiming at once each get a record; one of them is
 // kept, and the other's answer is lost, which costs nothing but that
 // answer.
-func (lt *latencyTable) claim(host string, now time.Time) *hostLatencies {
+func (lt *latencyTable) claim(host string) *hostLatencies {
 	i, j := lt.places(host)
 	r := &hostLatencies{host: host}
 	a, b := lt.slots[i].Load(), lt.slots[j].Load()
@@ -110,7 +109,7 @@ func (lt *latencyTable) claim(host string, now time.Time) *hostLatencies {
 		lt.slots[i].CompareAndSwap(nil, r)
 	case b == nil:
 		lt.slots[j].CompareAndSwap(nil, r)
-	case now.UnixNano()-a.seen.Load() > int64(latencyForget) || a.seen.Load() <= b.seen.Load():
+	case a.seen.Load() <= b.seen.Load():
 		lt.slots[i].CompareAndSwap(a, r)
 	default:
 		lt.slots[j].CompareAndSwap(b, r)
