@@ -345,6 +345,11 @@ func (h *hedger) fire() {
 		h.hedgeSet = &hedgeSet{wake: make(chan struct{}, 1), host: hostKey(h.req.URL)}
 	}
 	if h.winner != nil || 1+h.fired >= h.limit {
+		if h.winner == nil && !h.firstIn && h.inFlight() == h.fired {
+			// Every attempt is still unanswered, and no more may go: said,
+			// under the lock, so that it is done before the call returns.
+			t.reportNoHedge(h.callerCtx, h.req, h.key, h.host, 1+h.fired, h.delay, ReasonAttempts)
+		}
 		h.mu.Unlock()
 		return
 	}
@@ -400,9 +405,9 @@ func (h *hedger) fire() {
 	// Reported under the lock: a first answer that comes meanwhile waits
 	// for the hooks, which are done before the call returns.
 	t.reportHedge(h.callerCtx, h.req, h.key, h.host, g.n-1, h.delay)
-	if g.n < h.limit {
-		h.timer.Reset(h.delay) // the next hedge, should this one be slow too
-	}
+	// The next hedge, should this one be slow too; past the last one
+	// allowed, the report that no more go.
+	h.timer.Reset(h.delay)
 	h.mu.Unlock()
 
 	if t.budget == nil && !t.noLearning {
