@@ -321,16 +321,17 @@ func WithAttemptTimeout(d time.Duration) Option {
 // sent: at most 3 attempts in all, the first included (fewer under a
 // WithMaxAttempts below 3), all of them in flight at once at worst. The
 // first answer that needs no retry wins, and the other attempts are
-// cancelled and their bodies closed. A hedge is an attempt only once it is sent: until
-// then it holds no budget, no body (GetBody is called just before it
-// goes), no event and no pace slot, and a first answer that comes
+// cancelled and their bodies closed. A hedge is an attempt only once it
+// is sent: until then it holds no budget, no body (GetBody is called just
+// before it goes), no event and no pace slot, and a first answer that comes
 // meanwhile abandons it; a first answer that ends the call or parks the
 // host comes back at once. Once sent it went through the host's pace and
 // parking, spent the retry budget (refunded when it wins, so an outage is
 // never doubled), carries its resend count, and was reported to the
 // OnRetry hooks with RetryEvent.Hedge set, and logged, just before it
 // went (on the hedge's goroutine). A hedge due and not sent (budget,
-// parking, pace, GetBody) is reported to the OnGiveUp hooks with
+// parking, pace, GetBody, or every attempt still unanswered and no more
+// allowed: ReasonAttempts) is reported to the OnGiveUp hooks with
 // RetryEvent.Hedge and its Reason, and logged. A request whose policy
 // turns retries off is not hedged. delay 0 means learned: from the
 // latencies of the host's recent answers, their 95th percentile and an
