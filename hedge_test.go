@@ -2,6 +2,7 @@ package retryhttp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -371,5 +372,42 @@ func TestHedgeLatencyTable(t *testing.T) {
 	}
 	if records > latencySlots || lt.p95("busy.test", now) != 100*time.Millisecond {
 		t.Errorf("%d records, busy host's p95 %v; want at most %d and its own kept", records, lt.p95("busy.test", now), latencySlots)
+	}
+}
+
+// TestHedgeFirstAttemptContext: the first attempt of a hedged call runs on
+// a context of the hedger's own, which ends with the caller's (a
+// deadline), also under an attempt timeout (a context made from it), and
+// carries the caller's values.
+func TestHedgeFirstAttemptContext(t *testing.T) {
+	type key struct{}
+	for _, tc := range []struct {
+		name string
+		opts []Option
+	}{
+		{"hedging", nil},
+		{"hedging and an attempt timeout", []Option{WithAttemptTimeout(time.Hour)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var value atomic.Value
+				base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+					value.Store(r.Context().Value(key{}))
+					<-r.Context().Done()
+					return nil, r.Context().Err()
+				})
+				tr := New(append([]Option{WithBase(base), WithHedging(time.Hour)}, tc.opts...)...)
+				ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), key{}, "v"), time.Second)
+				defer cancel()
+				start := time.Now()
+				_, err := sendCtx(ctx, tr, http.MethodGet, "http://ctx.test/", "", nil)
+				if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) != time.Second {
+					t.Errorf("%v after %v; want the caller's deadline after 1s", err, time.Since(start))
+				}
+				if v := value.Load(); v != "v" {
+					t.Errorf("the base saw value %v, want the caller's", v)
+				}
+			})
+		})
 	}
 }
