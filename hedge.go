@@ -111,19 +111,18 @@ type hedgeAttempt struct {
 // goroutine's stack, and the first attempt's request and context, so that
 // a call answered before its delay pays for it and a timer alone.
 type hedger struct {
-	first     http.Request // the first attempt: the call's request, on ctx
-	ctx       firstCtx
-	body      firstBody // the first attempt's body, when it is the answer
-	timer     *time.Timer
-	t         *Transport
-	base      *http.Request // what every attempt shares
-	callerCtx context.Context
-	req       *http.Request // the caller's, for the reports
-	key       string
-	retryIf   func(*http.Response, error) bool
-	delay     time.Duration
-	timeout   time.Duration
-	limit     int // attempts at most, the first included
+	first   http.Request // the first attempt: the call's request, on ctx
+	ctx     firstCtx
+	body    firstBody // the first attempt's body, when it is the answer
+	timer   *time.Timer
+	t       *Transport
+	base    *http.Request // what every attempt shares
+	req     *http.Request // the caller's, for the reports; its context is the call's
+	key     string
+	retryIf func(*http.Response, error) bool
+	delay   time.Duration
+	timeout time.Duration
+	limit   int // attempts at most, the first included
 
 	mu        sync.Mutex
 	firstIn   bool // the first answered: no hedge's answer cancels it
@@ -149,7 +148,7 @@ type hedgeSet struct {
 // made, and whether it was a plain success.
 func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 	t := c.t
-	h := &hedger{t: t, base: req, callerCtx: c.ctx, req: c.req, key: c.key, retryIf: c.retryIf,
+	h := &hedger{t: t, base: req, req: c.req, key: c.key, retryIf: c.retryIf,
 		delay: delay, timeout: c.attemptTimeout, limit: min(c.maxAttempts, hedgeInFlight)}
 	h.ctx.init(req.Context())
 	h.first = *req.WithContext(&h.ctx) // copied into the hedger: no request of its own
@@ -254,7 +253,7 @@ func (h *hedger) end(keep *hedgeAttempt) {
 				g.cancel()
 			case g.sent && !g.cleaned:
 				g.cleaned = true
-				h.t.cleanUp(h.callerCtx, h.host, g.adm, g.resp) // failed or lost: its charge stays spent
+				h.t.cleanUp(h.req.Context(), h.host, g.adm, g.resp) // failed or lost: its charge stays spent
 				g.cancel()
 			}
 		}
@@ -348,7 +347,7 @@ func (h *hedger) fire() {
 		if h.winner == nil && !h.firstIn && h.inFlight() == h.fired {
 			// Every attempt is still unanswered, and no more may go: said,
 			// under the lock, so that it is done before the call returns.
-			t.reportNoHedge(h.callerCtx, h.req, h.key, h.host, 1+h.fired, h.delay, ReasonAttempts)
+			t.reportNoHedge(h.req.Context(), h.req, h.key, h.host, 1+h.fired, h.delay, ReasonAttempts)
 		}
 		h.mu.Unlock()
 		return
@@ -368,7 +367,7 @@ func (h *hedger) fire() {
 	now := t.clock.Now()
 	charged := t.budget != nil
 	if charged && !t.budget.tryRetry(now) {
-		t.giveBack(h.callerCtx, h.host, adm)
+		t.giveBack(h.req.Context(), h.host, adm)
 		h.unsent(g, ReasonBudget)
 		return
 	}
@@ -379,7 +378,7 @@ func (h *hedger) fire() {
 			if charged {
 				t.budget.refund(now)
 			}
-			t.giveBack(h.callerCtx, h.host, adm)
+			t.giveBack(h.req.Context(), h.host, adm)
 			h.unsent(g, ReasonGetBody)
 			return
 		}
@@ -392,7 +391,7 @@ func (h *hedger) fire() {
 		if charged {
 			t.budget.refund(now)
 		}
-		t.giveBack(h.callerCtx, h.host, adm)
+		t.giveBack(h.req.Context(), h.host, adm)
 		cancel()
 		h.mu.Lock()
 		g.state = hedgeOver
@@ -404,7 +403,7 @@ func (h *hedger) fire() {
 	h.sent++
 	// Reported under the lock: a first answer that comes meanwhile waits
 	// for the hooks, which are done before the call returns.
-	t.reportHedge(h.callerCtx, h.req, h.key, h.host, g.n-1, h.delay)
+	t.reportHedge(h.req.Context(), h.req, h.key, h.host, g.n-1, h.delay)
 	// The next hedge, should this one be slow too; past the last one
 	// allowed, the report that no more go.
 	h.timer.Reset(h.delay)
@@ -419,13 +418,13 @@ func (h *hedger) fire() {
 	defer h.mu.Unlock()
 	defer h.poke()
 	if h.over {
-		t.cleanUp(h.callerCtx, h.host, adm, resp)
+		t.cleanUp(h.req.Context(), h.host, adm, resp)
 		cancel()
 		g.state, g.cleaned = hedgeOver, true
 		return
 	}
 	g.resp, g.err, g.state = resp, err, hedgeOver
-	judge := call{t: t, ctx: h.callerCtx, req: h.req, retryIf: h.retryIf}
+	judge := call{t: t, ctx: h.req.Context(), req: h.req, retryIf: h.retryIf}
 	if judge.retryable(&answer{resp: resp, err: err, now: t.clock.Now()}) {
 		h.lastOver = g
 		return
@@ -449,8 +448,8 @@ func (h *hedger) unsent(g *hedgeAttempt, reason Reason) {
 	h.mu.Lock()
 	over := h.over || h.winner != nil
 	h.mu.Unlock()
-	if !over && h.callerCtx.Err() == nil {
-		h.t.reportNoHedge(h.callerCtx, h.req, h.key, h.host, g.n-1, h.delay, reason)
+	if !over && h.req.Context().Err() == nil {
+		h.t.reportNoHedge(h.req.Context(), h.req, h.key, h.host, g.n-1, h.delay, reason)
 	}
 	h.mu.Lock()
 	g.state = hedgeOver
