@@ -79,7 +79,9 @@ func (c *call) hedgeAfter() time.Duration {
 	if t.hedgeDelay > 0 {
 		return t.hedgeDelay
 	}
-	return learnedHedge(t.latencies.p95(c.req.URL.Host, c.start))
+	p95, lat := t.latencies.find(c.req.URL.Host, c.start)
+	c.lat = lat
+	return learnedHedge(p95)
 }
 
 // hedgeState is where a hedge is: getting ready (admission, budget,
@@ -116,8 +118,9 @@ type hedger struct {
 	body    firstBody // the first attempt's body, when it is the answer
 	timer   *time.Timer
 	t       *Transport
-	base    *http.Request // what every attempt shares
-	req     *http.Request // the caller's, for the reports; its context is the call's
+	lat     *hostLatencies // the host's, as hedgeAfter found them: the first's answer goes there
+	base    *http.Request  // what every attempt shares
+	req     *http.Request  // the caller's, for the reports; its context is the call's
 	key     string
 	retryIf func(*http.Response, error) bool
 	delay   time.Duration
@@ -148,7 +151,7 @@ type hedgeSet struct {
 // made, and whether it was a plain success.
 func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 	t := c.t
-	h := &hedger{t: t, base: req, req: c.req, key: c.key, retryIf: c.retryIf,
+	h := &hedger{t: t, lat: c.lat, base: req, req: c.req, key: c.key, retryIf: c.retryIf,
 		delay: delay, timeout: c.attemptTimeout, limit: min(c.maxAttempts, hedgeInFlight)}
 	h.ctx.init(req.Context())
 	h.first = *req.WithContext(&h.ctx) // copied into the hedger: no request of its own
@@ -157,7 +160,7 @@ func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 	h.mu.Unlock()
 	resp, err := t.attempt(&h.first, 1, c.attemptTimeout)
 	first := answer{n: 1, resp: resp, err: err, adm: c.adm}
-	h.learn(resp, c.adm.at)
+	h.learn(h.lat, resp, c.adm.at)
 
 	h.mu.Lock()
 	h.firstIn = true
@@ -311,8 +314,9 @@ func (h *hedger) answer(c *call, g *hedgeAttempt) (answer, bool) {
 }
 
 // learn keeps the latency of an answer that says the host served it, for
-// the learned hedge delay: from at, when its attempt was let go, to now.
-func (h *hedger) learn(resp *http.Response, at time.Time) {
+// the learned hedge delay: from at, when its attempt was let go, to now;
+// in r, when it is the host's record.
+func (h *hedger) learn(r *hostLatencies, resp *http.Response, at time.Time) {
 	lt := h.t.latencies
 	if lt == nil || resp == nil {
 		return
@@ -326,7 +330,7 @@ func (h *hedger) learn(resp *http.Response, at time.Time) {
 	} else {
 		d = h.t.clock.Now().Sub(at)
 	}
-	lt.add(h.req.URL.Host, d, at.Add(d))
+	lt.add(h.req.URL.Host, r, d, at.Add(d))
 }
 
 // fire is a hedge, on the timer's goroutine: admitted through the host's
@@ -413,7 +417,7 @@ func (h *hedger) fire() {
 		t.sent.add(adm.at)
 	}
 	resp, err := t.attempt(req, g.n, h.timeout)
-	h.learn(resp, adm.at)
+	h.learn(nil, resp, adm.at)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	defer h.poke()

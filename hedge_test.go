@@ -341,28 +341,34 @@ func TestHedgeRehedgesHungHedge(t *testing.T) {
 
 // TestHedgeLatencyTable: the learned delay's latencies are the last 64 of
 // a host, their 95th percentile the 61st of them in order; a host quiet
-// past latencyForget counts as never seen; a thousand hosts keep at most
+// past latencyForget counts as never seen, and starts afresh; a thousand hosts keep at most
 // latencySlots records, and a busy host keeps its own among them.
 func TestHedgeLatencyTable(t *testing.T) {
 	lt := newLatencyTable()
 	now := time.Unix(1e9, 0)
 	for i := range 104 { // the last 64: 41..104 ms (worked out every eighth answer)
-		lt.add("busy.test", time.Duration(i+1)*time.Millisecond, now)
+		lt.add("busy.test", nil, time.Duration(i+1)*time.Millisecond, now)
 	}
 	if got, want := lt.p95("busy.test", now), 101*time.Millisecond; got != want {
 		t.Errorf("p95 %v, want %v (the 61st of 41..104 ms)", got, want)
 	}
-	lt.add("one.test", 7*time.Millisecond, now)
+	lt.add("one.test", nil, 7*time.Millisecond, now)
 	if got := lt.p95("one.test", now); got != 7*time.Millisecond {
 		t.Errorf("p95 of one answer %v, want it", got)
 	}
-	if got := lt.p95("one.test", now.Add(latencyForget+time.Second)); got != 0 {
+	later := now.Add(latencyForget + time.Second)
+	if got := lt.p95("one.test", later); got != 0 {
 		t.Errorf("p95 of a host quiet past latencyForget %v, want none", got)
 	}
+	lt.add("busy.test", nil, time.Millisecond, later)
+	if got := lt.p95("busy.test", later); got != time.Millisecond {
+		t.Errorf("p95 of a host back after latencyForget %v, want its new answer's alone", got)
+	}
+	now = later
 	for i := range 1000 {
 		now = now.Add(time.Millisecond)
-		lt.add(fmt.Sprintf("h%d.test", i), time.Millisecond, now)
-		lt.add("busy.test", 100*time.Millisecond, now)
+		lt.add(fmt.Sprintf("h%d.test", i), nil, time.Millisecond, now)
+		lt.add("busy.test", nil, 100*time.Millisecond, now)
 	}
 	records := 0
 	for i := range lt.slots {

@@ -41,6 +41,7 @@ type latencyTable struct {
 // their 95th percentile, worked out again every eighth answer.
 type hostLatencies struct {
 	host string
+	slot int // where it was put, to tell whether it still is
 	ring [64]atomic.Int64
 	n    atomic.Uint64 // answers recorded
 	p95  atomic.Int64
@@ -76,17 +77,33 @@ func (lt *latencyTable) lookup(host string) *hostLatencies {
 // p95 is the 95th percentile of host's recent latencies at now, 0 when
 // none are known or the host has been quiet past latencyForget.
 func (lt *latencyTable) p95(host string, now time.Time) time.Duration {
-	if r := lt.lookup(host); r != nil && now.UnixNano()-r.seen.Load() <= int64(latencyForget) {
-		return time.Duration(r.p95.Load())
-	}
-	return 0
+	p, _ := lt.find(host, now)
+	return p
 }
 
-// add records an answer's latency d from host, at now.
-func (lt *latencyTable) add(host string, d time.Duration, now time.Time) {
+// find is p95, and host's record, for the answer to be added to it (nil
+// when it has none).
+func (lt *latencyTable) find(host string, now time.Time) (time.Duration, *hostLatencies) {
 	r := lt.lookup(host)
-	if r == nil {
-		r = lt.claim(host)
+	if r != nil && now.UnixNano()-r.seen.Load() <= int64(latencyForget) {
+		return time.Duration(r.p95.Load()), r
+	}
+	return 0, r
+}
+
+// add records an answer's latency d from host, at now, in r when it is
+// host's record already.
+func (lt *latencyTable) add(host string, r *hostLatencies, d time.Duration, now time.Time) {
+	if r == nil || r != lt.slots[r.slot].Load() {
+		if r = lt.lookup(host); r == nil {
+			r = lt.claim(host)
+		}
+	}
+	if r.n.Load() > 0 && now.UnixNano()-r.seen.Load() > int64(latencyForget) {
+		// Quiet past the forget time: its old latencies say nothing now.
+		fresh := &hostLatencies{host: host, slot: r.slot}
+		lt.slots[r.slot].CompareAndSwap(r, fresh)
+		r = fresh
 	}
 	r.seen.Store(now.UnixNano())
 	n := r.n.Add(1)
@@ -102,18 +119,12 @@ func (lt *latencyTable) add(host string, d time.Duration, now time.Time) {
 // answer.
 func (lt *latencyTable) claim(host string) *hostLatencies {
 	i, j := lt.places(host)
-	r := &hostLatencies{host: host}
 	a, b := lt.slots[i].Load(), lt.slots[j].Load()
-	switch {
-	case a == nil:
-		lt.slots[i].CompareAndSwap(nil, r)
-	case b == nil:
-		lt.slots[j].CompareAndSwap(nil, r)
-	case a.seen.Load() <= b.seen.Load():
-		lt.slots[i].CompareAndSwap(a, r)
-	default:
-		lt.slots[j].CompareAndSwap(b, r)
+	if b == nil || (a != nil && b.seen.Load() < a.seen.Load()) {
+		i, a = j, b
 	}
+	r := &hostLatencies{host: host, slot: i}
+	lt.slots[i].CompareAndSwap(a, r)
 	return r
 }
 

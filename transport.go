@@ -145,6 +145,9 @@ type call struct {
 	attemptTimeout time.Duration
 	// nested is set for the one attempt of a Transport nested in another.
 	nested bool
+	// lat is the host's latencies, for a learned hedge delay, found by
+	// hedgeAfter: the first attempt's answer is added to them.
+	lat *hostLatencies
 }
 
 // hostName is the host the call goes to, made on first use: the success
