@@ -125,11 +125,11 @@ type hedger struct {
 	retryIf func(*http.Response, error) bool
 	delay   time.Duration
 	timeout time.Duration
-	limit   int // attempts at most, the first included
 
 	mu        sync.Mutex
 	firstIn   bool // the first answered: no hedge's answer cancels it
 	over      bool // the call is done with hedging: no more go, the others clean up after themselves
+	limit     int8 // attempts at most, the first included (hedgeInFlight or fewer)
 	*hedgeSet      // made when the first hedge is due
 }
 
@@ -152,7 +152,7 @@ type hedgeSet struct {
 func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 	t := c.t
 	h := &hedger{t: t, lat: c.lat, base: req, req: c.req, key: c.key, retryIf: c.retryIf,
-		delay: delay, timeout: c.attemptTimeout, limit: min(c.maxAttempts, hedgeInFlight)}
+		delay: delay, timeout: c.attemptTimeout, limit: int8(min(c.maxAttempts, hedgeInFlight))}
 	h.ctx.init(req.Context())
 	h.first = *req.WithContext(&h.ctx) // copied into the hedger: no request of its own
 	h.mu.Lock()                        // fire reads the timer, to set it again
@@ -347,7 +347,7 @@ func (h *hedger) fire() {
 	if h.hedgeSet == nil {
 		h.hedgeSet = &hedgeSet{wake: make(chan struct{}, 1), host: hostKey(h.req.URL)}
 	}
-	if h.winner != nil || 1+h.fired >= h.limit {
+	if h.winner != nil || 1+h.fired >= int(h.limit) {
 		if h.winner == nil && !h.firstIn && h.inFlight() == h.fired {
 			// Every attempt is still unanswered, and no more may go: said,
 			// under the lock, so that it is done before the call returns.
