@@ -136,6 +136,9 @@ func (r *hostLatencies) percentile95(n uint64) time.Duration {
 	var top [4]int64                 // the k largest so far, largest first
 	for i := range size {
 		v := r.ring[i].Load()
+		if v <= top[k-1] {
+			continue // most are: one comparison
+		}
 		for p := range k {
 			if v > top[p] {
 				copy(top[p+1:k], top[p:k-1])
