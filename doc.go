@@ -37,7 +37,7 @@
 //
 // The package keeps no global state and starts no goroutine that outlives
 // a request (a hedged request runs its first attempt on the caller's
-// goroutine and its hedge on a timer's, which ends with it, or, for a
+// goroutine and its hedges on a timer's, which end with it, or, for a
 // hedge that lost in flight, as soon as its cancelled base lets go); it runs inside a testing/synctest bubble, where its
 // waits take no real time.
 package retryhttp

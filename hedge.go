@@ -4,27 +4,31 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 )
 
 // Hedging (WithHedging): when the first attempt of a request that is safe
-// to repeat has not answered after a delay, one more is sent beside it, and
-// the first answer that needs no retry wins; the other attempt is cancelled
-// and its body closed. A hedge is an attempt only once it is sent (R19):
-// until then it holds no budget, no event, no body and no pace slot that
-// another request could need, and a first answer that comes meanwhile
-// abandons it. Once sent it is an attempt like any: it went through the
-// host's pace and parking, spent the retry budget (refunded when it wins),
-// carries its resend count, and was reported to the hooks
-// (RetryEvent.Hedge) and the log just before it went. The delay is fixed,
-// or learned from the host's recent answers (The Tail at Scale, Dean and
-// Barroso 2013: a hedge after the 95th percentile cuts the tail for a few
-// percent more requests).
+// to repeat has not answered after a delay, one more is sent beside it;
+// when that one too is unanswered another delay later (it may have met a
+// hung request, as the first did), one more again, up to hedgeInFlight
+// attempts in all (and WithMaxAttempts). The first answer that needs no
+// retry wins; the others are cancelled and their bodies closed. A hedge is
+// an attempt only once it is sent (R19): until then it holds no budget, no
+// event, no body and no pace slot that another request could need, and a
+// first answer that comes meanwhile abandons it. Once sent it is an
+// attempt like any: it went through the host's pace and parking, spent the
+// retry budget (refunded when it wins), carries its resend count, and was
+// reported to the hooks (RetryEvent.Hedge) and the log just before it
+// went. The delay is fixed, or learned from the host's recent answers (The
+// Tail at Scale, Dean and Barroso 2013: a hedge after the 95th percentile
+// cuts the tail for a few percent more requests).
 //
-// The first attempt runs on the caller's goroutine, and the hedge on the
-// timer's (time.AfterFunc): a call answered before its delay pays for a
-// timer and a context, no goroutine and no channel.
+// The first attempt runs on the caller's goroutine, and each hedge on the
+// timer's (time.AfterFunc): a call answered before its delay pays for the
+// hedger (which holds the first attempt's request and context) and a
+// timer, no goroutine, no channel and no context of its own.
 
 // hedgeFloor is the shortest learned hedge delay. Below it a hedge fires
 // on the client's own scheduling delay rather than on the host's: with
@@ -54,6 +58,14 @@ func learnedHedge(p95 time.Duration) time.Duration {
 	return max(hedgeFloor, p95+p95/8)
 }
 
+// hedgeInFlight is how many attempts a hedged call has at most, the first
+// included: the first and two hedges, all of them in flight at once at
+// worst. A hedge still unanswered after another delay may have met a hung
+// request too, as the first did, and is hedged in turn (WithMaxAttempts
+// bounds it as well): one hung request in five leaves a call hung only
+// when three of its attempts in a row are, not two.
+const hedgeInFlight = 3
+
 // hedgeAfter returns when to hedge the call's first attempt; 0 for never.
 // A request that is safe to repeat only by WithSafeToRepeat's word has its
 // predicate asked here, before the first attempt, since a hedge repeats a
@@ -67,200 +79,300 @@ func (c *call) hedgeAfter() time.Duration {
 	if t.hedgeDelay > 0 {
 		return t.hedgeDelay
 	}
-	return learnedHedge(c.adm.latency)
+	p95, lat := t.latencies.find(c.req.URL.Host, c.start)
+	c.lat = lat
+	return learnedHedge(p95)
 }
 
-// hedgeState is where a hedge is: waiting for its delay, getting ready
-// (admission, budget, body), sent, over (answered, or given up unsent), or
-// lost (the call has its answer: the hedge cleans up after itself).
+// hedgeState is where a hedge is: getting ready (admission, budget,
+// body), sent, or over (answered, or given up unsent).
 type hedgeState uint8
 
 const (
-	hedgeIdle hedgeState = iota
-	hedgeReady
+	hedgeReady hedgeState = iota + 1
 	hedgeSent
 	hedgeOver
-	hedgeLost
 )
 
-// hedger is a hedged call's hedge. It holds copies of what the hedge needs
-// of the call, which stays on the caller's goroutine's stack.
-type hedger struct {
-	t           *Transport
-	host        string
-	base        *http.Request // what every attempt shares
-	callerCtx   context.Context
-	req         *http.Request // the caller's, for the reports
-	key         string
-	retryIf     func(*http.Response, error) bool
-	delay       time.Duration
-	timeout     time.Duration
-	cancelFirst context.CancelFunc
-	body        cancelReader // the first attempt's body, when it wins: no allocation of its own
-
-	mu      sync.Mutex
+// hedgeAttempt is one hedge of a call.
+type hedgeAttempt struct {
+	n       int // its attempt: 2 for the first hedge
 	state   hedgeState
-	cancel  context.CancelFunc // the hedge's context, made when it fires
-	done    chan struct{}      // closed when the hedge is over, made when it fires
+	cancel  context.CancelFunc
 	adm     admission
 	resp    *http.Response
 	err     error
 	sent    bool
-	charged bool // the hedge spent the budget, at spentAt
+	charged bool // it spent the budget, at spentAt
 	spentAt time.Time
-	won     bool // its answer needs no retry: the first was cancelled for it, unless in
-	firstIn bool // the first attempt answered: it is not cancelled for the hedge
+	cleaned bool // its answer was closed, its ticket given back
 }
 
-// hedged makes the first attempt on the caller's goroutine, and a hedge
-// after delay if the first has not answered by then. It returns the
-// winning answer, observed, its n the attempts made (2 when the hedge
-// went), and whether it was a plain success.
+// hedger is a hedged call's first attempt and its hedges. It holds copies
+// of what the hedges need of the call, which stays on the caller's
+// goroutine's stack, and the first attempt's request and context, so that
+// a call answered before its delay pays for it and a timer alone.
+type hedger struct {
+	first   http.Request // the first attempt: the call's request, on ctx
+	ctx     firstCtx
+	body    firstBody // the first attempt's body, when it is the answer
+	timer   *time.Timer
+	t       *Transport
+	lat     *hostLatencies // the host's, as hedgeAfter found them: the first's answer goes there
+	base    *http.Request  // what every attempt shares
+	req     *http.Request  // the caller's, for the reports; its context is the call's
+	key     string
+	retryIf func(*http.Response, error) bool
+	delay   time.Duration
+	timeout time.Duration
+
+	mu        sync.Mutex
+	firstIn   bool // the first answered: no hedge's answer cancels it
+	over      bool // the call is done with hedging: no more go, the others clean up after themselves
+	limit     int8 // attempts at most, the first included (hedgeInFlight or fewer)
+	*hedgeSet      // made when the first hedge is due
+}
+
+// hedgeSet is a hedged call's hedges, once one is due: a call answered
+// before its delay makes none.
+type hedgeSet struct {
+	host     string
+	fired    int // hedges due so far
+	sent     int // hedges sent so far
+	hedges   [hedgeInFlight - 1]hedgeAttempt
+	winner   *hedgeAttempt // the first hedge whose answer needs no retry
+	lastOver *hedgeAttempt // the last hedge that answered, failed
+	wake     chan struct{} // poked at every hedge's change
+}
+
+// hedged makes the first attempt on the caller's goroutine, and hedges
+// after each delay that passes with no answer, up to hedgeInFlight
+// attempts. It returns the winning answer, observed, its n the attempts
+// made, and whether it was a plain success.
 func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 	t := c.t
-	ctx, cancel := context.WithCancel(req.Context())
-	h := &hedger{t: t, host: c.hostName(), base: req, callerCtx: c.ctx, req: c.req, key: c.key,
-		retryIf: c.retryIf, delay: delay, timeout: c.attemptTimeout, cancelFirst: cancel}
-	timer := time.AfterFunc(delay, h.fire)
-	resp, err := t.attempt(req.WithContext(ctx), 1, c.attemptTimeout)
+	h := &hedger{t: t, lat: c.lat, base: req, req: c.req, key: c.key, retryIf: c.retryIf,
+		delay: delay, timeout: c.attemptTimeout, limit: int8(min(c.maxAttempts, hedgeInFlight))}
+	h.ctx.init(req.Context())
+	h.first = *req.WithContext(&h.ctx) // copied into the hedger: no request of its own
+	h.mu.Lock()                        // fire reads the timer, to set it again
+	h.timer = time.AfterFunc(delay, h.fire)
+	h.mu.Unlock()
+	resp, err := t.attempt(&h.first, 1, c.attemptTimeout)
 	first := answer{n: 1, resp: resp, err: err, adm: c.adm}
+	h.learn(h.lat, resp, c.adm.at)
 
 	h.mu.Lock()
 	h.firstIn = true
-	state := h.state
-	if state == hedgeIdle || state == hedgeReady {
-		// Unsent: abandoned. It may be waiting for its pace slot, which
-		// its cancel gives back.
-		h.state = hedgeLost
+	if h.hedgeSet == nil {
+		// No hedge went: the first's answer is the call's, or its retry's.
+		h.over = true
+		h.mu.Unlock()
+		h.timer.Stop()
+		return h.keep(&first, !c.observe(&first))
 	}
-	hcancel := h.cancel
+	won := h.winner
 	h.mu.Unlock()
-	switch state {
-	case hedgeIdle:
-		timer.Stop()
-		return h.keepFirst(c, &first)
-	case hedgeReady:
-		// Its cancel ends its wait for admission; wait for it to let go
-		// (its slot given back, its report made), so that nothing of it
-		// outlives the call.
-		hcancel()
-		<-h.done
-		return h.keepFirst(c, &first)
-	case hedgeSent:
-		first.n = 2
-		plain := !c.observe(&first)
-		if plain || !c.retryable(&first) || first.down || (first.named && first.wait > 0) {
-			// An answer that ends the call, or parks the host, comes back
-			// at once, its body unread.
-			h.abandon()
-			return h.kept(&first, plain)
-		}
-		// Failed while the hedge in flight may yet answer: wait for it
-		// (the caller's context bounds it, as it bounds the attempt).
-		drain(first.resp)
-		cancel()
-		<-h.done
-		return h.answer(c)
+	if won != nil {
+		// The first was cancelled for a hedge's answer.
+		h.end(won)
+		t.cleanUp(c.ctx, c.hostName(), c.adm, first.resp)
+		h.ctx.cancel()
+		return h.answer(c, won)
 	}
-	// Over: answered, or given up unsent, before the first answered.
-	if !h.sent {
-		return h.keepFirst(c, &first)
+	plain := !c.observe(&first)
+	if plain || !c.retryable(&first) || first.down || (first.named && first.wait > 0) {
+		// An answer that ends the call, or parks the host, comes back at
+		// once, its body unread; hedges getting ready are let go, those
+		// in flight cancelled.
+		h.end(nil)
+		first.n = 1 + h.sent
+		return h.keep(&first, plain)
 	}
-	first.n = 2
-	if h.won {
-		// The first was cancelled for the hedge's answer.
-		t.cleanUp(c.ctx, h.host, c.adm, first.resp)
-		cancel()
-		return h.answer(c)
-	}
-	if plain := !c.observe(&first); plain || !c.retryable(&first) {
-		t.cleanUp(c.ctx, h.host, h.adm, h.resp) // failed, and lost: its charge stays spent
-		h.cancel()
-		return h.kept(&first, plain)
+	// Failed while hedges may yet answer: wait for them (the caller's
+	// context bounds them, as it bounds the attempt), and for those due
+	// meanwhile.
+	g := h.await()
+	h.end(g)
+	if g == nil {
+		// No hedge was in flight: the failure is the call's, to retry.
+		first.n = 1 + h.sent
+		return h.keep(&first, plain)
 	}
 	drain(first.resp)
-	cancel()
-	return h.answer(c)
+	h.ctx.cancel()
+	return h.answer(c, g)
 }
 
-// keepFirst hands back the first attempt's answer, the hedge unsent.
-func (h *hedger) keepFirst(c *call, first *answer) (answer, bool) {
-	return h.kept(first, !c.observe(first))
+// await waits, the first having failed, for the hedges in flight: it
+// returns the first whose answer needs no retry, else the last that
+// failed, or nil when none was sent.
+func (h *hedger) await() *hedgeAttempt {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for h.winner == nil && h.inFlight() > 0 {
+		h.mu.Unlock()
+		<-h.wake
+		h.mu.Lock()
+	}
+	if h.winner != nil {
+		return h.winner
+	}
+	return h.lastOver
 }
 
-// kept hands back the first attempt's answer, observed: its context lives
+// inFlight counts the hedges sent and not answered. h.mu is held.
+func (h *hedger) inFlight() int {
+	n := 0
+	for i := range h.fired {
+		if h.hedges[i].state == hedgeSent {
+			n++
+		}
+	}
+	return n
+}
+
+// end is the end of the call's hedging: no more hedges go; those getting
+// ready and those in flight are cancelled, and those answered, but keep,
+// closed. It waits for those getting ready to let go (a pace slot given
+// back, a report made), so that nothing of theirs outlives the call;
+// those in flight clean up after themselves once their base lets go.
+func (h *hedger) end(keep *hedgeAttempt) {
+	h.mu.Lock()
+	h.over = true
+	h.mu.Unlock()
+	h.timer.Stop()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for {
+		ready := 0
+		for i := range h.fired {
+			switch g := &h.hedges[i]; {
+			case g == keep:
+			case g.state == hedgeReady:
+				ready++
+				g.cancel()
+			case g.state == hedgeSent:
+				g.cancel()
+			case g.sent && !g.cleaned:
+				g.cleaned = true
+				h.t.cleanUp(h.req.Context(), h.host, g.adm, g.resp) // failed or lost: its charge stays spent
+				g.cancel()
+			}
+		}
+		if ready == 0 {
+			return
+		}
+		h.mu.Unlock()
+		<-h.wake
+		h.mu.Lock()
+	}
+}
+
+// poke tells the caller a hedge changed. h.mu is held.
+func (h *hedger) poke() {
+	select {
+	case h.wake <- struct{}{}:
+	default: // a poke not yet seen covers this one
+	}
+}
+
+// keep hands back the first attempt's answer, observed: its context lives
 // until its body is closed.
-func (h *hedger) kept(first *answer, plain bool) (answer, bool) {
+func (h *hedger) keep(first *answer, plain bool) (answer, bool) {
 	switch resp := first.resp; {
 	case resp == nil:
-		h.cancelFirst()
+		h.ctx.cancel()
 	case isReadWriter(resp.Body):
-		resp.Body = bodyWithCancel(resp.Body, h.cancelFirst)
+		resp.Body = bodyWithCancel(resp.Body, h.ctx.cancel)
 	default:
-		h.body = cancelReader{ReadCloser: resp.Body, cancel: h.cancelFirst}
+		h.body = firstBody{ReadCloser: resp.Body, ctx: &h.ctx}
 		resp.Body = &h.body
 	}
 	return *first, plain
 }
 
-// answer hands back the hedge's answer, observed, as the call's second
-// attempt: a plain success paid for itself, any other answer's charge is
-// the call's, as a retry's would be.
-func (h *hedger) answer(c *call) (answer, bool) {
-	a := answer{n: 2, resp: h.resp, err: h.err, adm: h.adm}
+// answer hands back hedge g's answer, observed, as the call's last attempt:
+// a plain success paid for itself, any other answer's charge is the
+// call's, as a retry's would be.
+func (h *hedger) answer(c *call, g *hedgeAttempt) (answer, bool) {
+	a := answer{n: 1 + h.sent, resp: g.resp, err: g.err, adm: g.adm}
 	plain := !c.observe(&a)
-	if h.charged {
+	if g.charged {
 		if plain {
-			c.t.budget.refund(h.spentAt)
+			c.t.budget.refund(g.spentAt)
 		} else {
-			c.charge(h.spentAt)
+			c.charge(g.spentAt)
 		}
 	}
 	if a.resp != nil {
-		a.resp.Body = bodyWithCancel(a.resp.Body, h.cancel)
+		a.resp.Body = bodyWithCancel(a.resp.Body, g.cancel)
 	} else {
-		h.cancel()
+		g.cancel()
 	}
 	return a, plain
 }
 
-// abandon gives up a hedge in flight for the first's answer: it cleans up
-// after itself once its base lets go, or now, if it answered meanwhile.
-func (h *hedger) abandon() {
-	h.mu.Lock()
-	state := h.state
-	h.state = hedgeLost
-	h.mu.Unlock()
-	h.cancel()
-	if state == hedgeOver && h.sent {
-		h.t.cleanUp(h.callerCtx, h.host, h.adm, h.resp)
+// learn keeps the latency of an answer that says the host served it, for
+// the learned hedge delay: from at, when its attempt was let go, to now;
+// in r, when it is the host's record.
+func (h *hedger) learn(r *hostLatencies, resp *http.Response, at time.Time) {
+	lt := h.t.latencies
+	if lt == nil || resp == nil {
+		return
 	}
+	if code := resp.StatusCode; code >= 500 || code == http.StatusRequestTimeout || code == http.StatusTooManyRequests {
+		return // a failure or a refusal: its time says nothing of the host's latency
+	}
+	var d time.Duration
+	if _, real := h.t.clock.(realClock); real {
+		d = time.Since(at) // the monotonic clock alone: half the cost of a time.Now
+	} else {
+		d = h.t.clock.Now().Sub(at)
+	}
+	lt.add(h.req.URL.Host, r, d, at.Add(d))
 }
 
-// fire is the hedge, on the timer's goroutine: admitted through the host's
+// fire is a hedge, on the timer's goroutine: admitted through the host's
 // pace and parking, then given its budget, its body and its report, and
-// sent, unless the first answered meanwhile.
+// sent, unless an answer came meanwhile. Once sent, the timer is set for
+// the next hedge, should this one be slow too.
 func (h *hedger) fire() {
 	t := h.t
 	h.mu.Lock()
-	if h.state != hedgeIdle {
+	if h.over {
 		h.mu.Unlock()
 		return
 	}
-	ctx, cancel := context.WithCancel(context.WithValue(h.base.Context(), resendKey{}, 1))
-	h.state, h.cancel, h.done = hedgeReady, cancel, make(chan struct{})
+	if h.hedgeSet == nil {
+		h.hedgeSet = &hedgeSet{wake: make(chan struct{}, 1), host: hostKey(h.req.URL)}
+	}
+	if h.winner != nil || 1+h.fired >= int(h.limit) {
+		if h.winner == nil && !h.firstIn && h.inFlight() == h.fired {
+			// Every attempt is still unanswered, and no more may go: said,
+			// under the lock, so that it is done before the call returns.
+			t.reportNoHedge(h.req.Context(), h.req, h.key, h.host, 1+h.fired, h.delay, ReasonAttempts)
+		}
+		h.mu.Unlock()
+		return
+	}
+	g := &h.hedges[h.fired]
+	h.fired++
+	g.n = 1 + h.fired
+	ctx, cancel := context.WithCancel(context.WithValue(h.base.Context(), resendKey{}, g.n-1))
+	g.state, g.cancel = hedgeReady, cancel
 	h.mu.Unlock()
 
 	adm, err := t.admit(ctx, h.host, t.clock.Now())
 	if err != nil {
-		h.unsent(refusalReason(err))
+		h.unsent(g, refusalReason(err))
 		return
 	}
 	now := t.clock.Now()
 	charged := t.budget != nil
 	if charged && !t.budget.tryRetry(now) {
-		t.giveBack(h.callerCtx, h.host, adm)
-		h.unsent(ReasonBudget)
+		t.giveBack(h.req.Context(), h.host, adm)
+		h.unsent(g, ReasonBudget)
 		return
 	}
 	req := h.base.WithContext(ctx)
@@ -270,69 +382,83 @@ func (h *hedger) fire() {
 			if charged {
 				t.budget.refund(now)
 			}
-			t.giveBack(h.callerCtx, h.host, adm)
-			h.unsent(ReasonGetBody)
+			t.giveBack(h.req.Context(), h.host, adm)
+			h.unsent(g, ReasonGetBody)
 			return
 		}
 		req.Body = body
 	}
 	h.mu.Lock()
-	if h.state == hedgeLost { // the first answered while it got ready
+	if h.over || h.winner != nil { // an answer came while it got ready
 		h.mu.Unlock()
 		closeBody(req)
 		if charged {
 			t.budget.refund(now)
 		}
-		t.giveBack(h.callerCtx, h.host, adm)
+		t.giveBack(h.req.Context(), h.host, adm)
 		cancel()
-		close(h.done)
+		h.mu.Lock()
+		g.state = hedgeOver
+		h.poke()
+		h.mu.Unlock()
 		return
 	}
-	h.state, h.sent, h.adm, h.charged, h.spentAt = hedgeSent, true, adm, charged, now
+	g.state, g.sent, g.adm, g.charged, g.spentAt = hedgeSent, true, adm, charged, now
+	h.sent++
 	// Reported under the lock: a first answer that comes meanwhile waits
 	// for the hooks, which are done before the call returns.
-	t.reportHedge(h.callerCtx, h.req, h.key, h.host, h.delay)
+	t.reportHedge(h.req.Context(), h.req, h.key, h.host, g.n-1, h.delay)
+	// The next hedge, should this one be slow too; past the last one
+	// allowed, the report that no more go.
+	h.timer.Reset(h.delay)
 	h.mu.Unlock()
 
 	if t.budget == nil && !t.noLearning {
 		t.sent.add(adm.at)
 	}
-	resp, err := t.attempt(req, 2, h.timeout)
+	resp, err := t.attempt(req, g.n, h.timeout)
+	h.learn(nil, resp, adm.at)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.state == hedgeLost {
-		t.cleanUp(h.callerCtx, h.host, adm, resp)
+	defer h.poke()
+	if h.over {
+		t.cleanUp(h.req.Context(), h.host, adm, resp)
 		cancel()
+		g.state, g.cleaned = hedgeOver, true
 		return
 	}
-	h.resp, h.err, h.state = resp, err, hedgeOver
-	judge := call{t: t, ctx: h.callerCtx, req: h.req, retryIf: h.retryIf}
-	if h.won = !judge.retryable(&answer{resp: resp, err: err, now: t.clock.Now()}); h.won && !h.firstIn {
-		// The caller waits in the first attempt: end it. One that answered
-		// already keeps its context, whose body the caller may get.
-		h.cancelFirst()
+	g.resp, g.err, g.state = resp, err, hedgeOver
+	judge := call{t: t, ctx: h.req.Context(), req: h.req, retryIf: h.retryIf}
+	if judge.retryable(&answer{resp: resp, err: err, now: t.clock.Now()}) {
+		h.lastOver = g
+		return
 	}
-	close(h.done)
+	if h.winner == nil {
+		h.winner = g
+		if !h.firstIn {
+			// The caller waits in the first attempt: end it. One that
+			// answered already keeps its context, whose body the caller
+			// may get.
+			h.ctx.cancel()
+		}
+	}
 }
 
-// unsent ends a hedge that was not sent, and reports why, unless the
-// first answer came meanwhile or the caller gave up.
-// The report is made before the hedge is over, so that it is done before
-// the call returns.
-func (h *hedger) unsent(reason Reason) {
+// unsent ends a hedge that was not sent, and reports why, unless an
+// answer came meanwhile or the caller gave up. The report is made before
+// the hedge is over, so that it is done before the call returns.
+func (h *hedger) unsent(g *hedgeAttempt, reason Reason) {
+	g.cancel()
 	h.mu.Lock()
-	lost := h.state == hedgeLost
+	over := h.over || h.winner != nil
 	h.mu.Unlock()
-	h.cancel()
-	if !lost && h.callerCtx.Err() == nil {
-		h.t.reportNoHedge(h.callerCtx, h.req, h.key, h.host, h.delay, reason)
+	if !over && h.req.Context().Err() == nil {
+		h.t.reportNoHedge(h.req.Context(), h.req, h.key, h.host, g.n-1, h.delay, reason)
 	}
 	h.mu.Lock()
-	if h.state != hedgeLost {
-		h.state = hedgeOver
-	}
+	g.state = hedgeOver
+	h.poke()
 	h.mu.Unlock()
-	close(h.done)
 }
 
 // isReadWriter reports a body that is also an io.Writer (101 Switching
@@ -351,21 +477,117 @@ func (t *Transport) cleanUp(ctx context.Context, host string, adm admission, res
 	t.giveBack(context.WithoutCancel(ctx), host, adm)
 }
 
-// latencyOnly tells the limiter, under WithLearning(false), what a learned
-// hedge delay needs and nothing more: an accepted answer's latency, and
-// the ticket of any other answer given back as saying nothing, so that
-// the host model keeps the latencies without learning a pace, a limit or a
-// state from the answers.
-func (c *call) latencyOnly(sig *Signal, o outcome, report bool) {
-	t := c.t
-	s := Signal{Now: sig.Now, Ticket: sig.Ticket, Reset: -1, Remaining: -1}
-	switch {
-	case t.hedgeLearns && o == accepted:
-		s.Status, s.Latency, s.KeepLatency = sig.Status, sig.Latency, true
-	case report:
-		s.Canceled = true
-	default:
+// latencyOnly is what the limiter hears of an answer under
+// WithLearning(false): nothing, but the ticket of an attempt that holds
+// one, given back as saying nothing. (The learned hedge delay's latencies
+// are the hedger's own: hedgelatency.go.)
+func (c *call) latencyOnly(sig *Signal, _ outcome, report bool) {
+	if report {
+		c.t.limiter.Learn(c.ctx, c.hostName(), Signal{Now: sig.Now, Ticket: sig.Ticket, Reset: -1, Remaining: -1, Canceled: true})
+	}
+}
+
+// firstCtx is a hedged call's first attempt's context: the caller's,
+// ended when a hedge's answer wins or the first's body is closed. It
+// lives in the hedger, so that the call makes no context of its own (a
+// cancelCtx and its CancelFunc); its Done channel is made when asked for,
+// and the contexts made from it (net/http's, the attempt timeout's) hook
+// on to it through its AfterFunc, as they would on a cancelCtx, with no
+// goroutine to watch it.
+type firstCtx struct {
+	context.Context // the caller's
+	mu              sync.Mutex
+	done            chan struct{}
+	err             error
+	after           []*func()
+	stop            func() bool // unhooks it from the caller's context
+}
+
+func (c *firstCtx) init(parent context.Context) {
+	c.Context = parent
+	if parent.Done() != nil {
+		c.stop = context.AfterFunc(parent, func() { c.end(parent.Err()) })
+	}
+}
+
+// Done is closed once the context ends.
+func (c *firstCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done == nil {
+		c.done = make(chan struct{})
+		if c.err != nil {
+			close(c.done)
+		}
+	}
+	return c.done
+}
+
+// Err is why the context ended, nil until it does.
+func (c *firstCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// AfterFunc runs f on its own goroutine once the context ends, as
+// context.AfterFunc does; context.WithCancel and its kin use it to hook
+// on to the context.
+func (c *firstCtx) AfterFunc(f func()) (stop func() bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		go f()
+		return func() bool { return false }
+	}
+	p := &f
+	c.after = append(c.after, p)
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		i := slices.Index(c.after, p)
+		if i >= 0 {
+			c.after = slices.Delete(c.after, i, i+1)
+		}
+		return i >= 0
+	}
+}
+
+// cancel ends the context, and lets go of the caller's.
+func (c *firstCtx) cancel() {
+	c.end(context.Canceled)
+	if c.stop != nil {
+		c.stop()
+	}
+}
+
+func (c *firstCtx) end(err error) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
 		return
 	}
-	t.limiter.Learn(c.ctx, c.hostName(), s)
+	c.err = err
+	if c.done != nil {
+		close(c.done)
+	}
+	after := c.after
+	c.after = nil
+	c.mu.Unlock()
+	for _, f := range after {
+		go (*f)()
+	}
+}
+
+// firstBody is the first attempt's body when it is the call's answer: its
+// Close ends the attempt's context.
+type firstBody struct {
+	io.ReadCloser
+	ctx *firstCtx
+}
+
+func (b *firstBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.ctx.cancel()
+	return err
 }

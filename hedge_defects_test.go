@@ -115,7 +115,7 @@ func TestNilBodyIsNoBody(t *testing.T) {
 // TestHedgeFinalFirstAnswerReturnsAtOnce: a first answer that parks the
 // host (503, Retry-After: 120) comes back at once, body unread: beside a
 // hedge that still waits for its pace slot, which is abandoned (never
-// sent, never reported), and beside a hedge in flight, which is cancelled.
+// sent, never reported), and beside hedges in flight, which are cancelled.
 func TestHedgeFinalFirstAnswerReturnsAtOnce(t *testing.T) {
 	type result struct {
 		Code   int
@@ -132,8 +132,10 @@ func TestHedgeFinalFirstAnswerReturnsAtOnce(t *testing.T) {
 	}{
 		{name: "hedge waiting for its slot", opts: []Option{WithPace(0.1, 1)},
 			want: result{503, "busy", true, 50 * time.Millisecond, 1, 0}},
+		// Two hedges in flight: the first at 10 ms, and, that one still
+		// unanswered, another at 20 ms.
 		{name: "hedge in flight",
-			want: result{503, "busy", true, 50 * time.Millisecond, 2, 1}},
+			want: result{503, "busy", true, 50 * time.Millisecond, 3, 2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -440,22 +442,35 @@ func TestHedgeLearnedFirstWave(t *testing.T) {
 	}
 }
 
+// getSlow is a GET to the host of TestHedgeNotSentIsReported.
+func getSlow() *http.Request {
+	r, _ := http.NewRequest(http.MethodGet, "http://slow.test/", nil)
+	return r
+}
+
 // TestHedgeNotSentIsReported: a call slower than its hedge delay whose
-// hedge cannot go says why, to OnGiveUp, as a hedge event.
+// hedge cannot go says why, to OnGiveUp, as a hedge event; so does one
+// whose attempts are all slow when no more may go.
 func TestHedgeNotSentIsReported(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		opts []Option
 		req  func() *http.Request
 		want Reason
+		// attempt is how many were in flight when the hedge was due: 1
+		// unless hedges went and were slow too.
+		attempt int
 	}{
 		{name: "budget spent", opts: []Option{WithBudget(NewBudget(0, 0))}, want: ReasonBudget,
-			req: func() *http.Request { r, _ := http.NewRequest(http.MethodGet, "http://slow.test/", nil); return r }},
-		{name: "GetBody fails", want: ReasonGetBody, req: func() *http.Request {
+			req: getSlow, attempt: 1},
+		{name: "GetBody fails", want: ReasonGetBody, attempt: 1, req: func() *http.Request {
 			r, _ := http.NewRequest(http.MethodPut, "http://slow.test/", strings.NewReader("x"))
 			r.GetBody = func() (io.ReadCloser, error) { return nil, errors.New("gone") }
 			return r
 		}},
+		// Hedged at 10 and 20 ms, all three slow: at 30 ms no more may go.
+		{name: "out of attempts", want: ReasonAttempts, req: getSlow, attempt: 3},
+		{name: "out of attempts, 2 at most", opts: []Option{WithMaxAttempts(2)}, want: ReasonAttempts, req: getSlow, attempt: 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -472,7 +487,7 @@ func TestHedgeNotSentIsReported(t *testing.T) {
 					t.Fatal(err)
 				}
 				resp.Body.Close()
-				want := []RetryEvent{{Attempt: 1, Delay: 10 * time.Millisecond, Reason: tc.want, Hedge: true}}
+				want := []RetryEvent{{Attempt: tc.attempt, Delay: 10 * time.Millisecond, Reason: tc.want, Hedge: true}}
 				if diff := cmp.Diff(want, events); diff != "" {
 					t.Errorf("give-ups (-want +got)\n%s", diff)
 				}

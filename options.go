@@ -81,7 +81,7 @@ type config struct {
 	attemptTimeout          time.Duration
 	hedging                 bool
 	hedgeDelay              time.Duration // 0: learned
-	hedgeLearns             bool          // hedging, with a learned delay
+	hedgeLearns             bool          // unset: the learned hedge delay's latencies are the hedger's own (hedgelatency.go), not the host model's
 	replayLimit             int64
 	onRetry, onGiveUp       []func(RetryEvent)
 	onPark                  []func(ParkEvent)
@@ -316,29 +316,33 @@ func WithAttemptTimeout(d time.Duration) Option {
 
 // WithHedging sends one more attempt of a request that is safe to repeat
 // (its method or key, or WithSafeToRepeat, and a body that GetBody can give
-// again, or none) when its first attempt has not answered after delay; the
-// first answer that needs no retry wins, and the other attempt is cancelled
-// and its body closed. A hedge is an attempt only once it is sent: until
-// then it holds no budget, no body (GetBody is called just before it
-// goes), no event and no pace slot, and a first answer that comes
+// again, or none) when its first attempt has not answered after delay, and
+// one more again when that hedge too is unanswered delay after it was
+// sent: at most 3 attempts in all, the first included (fewer under a
+// WithMaxAttempts below 3), all of them in flight at once at worst. The
+// first answer that needs no retry wins, and the other attempts are
+// cancelled and their bodies closed. A hedge is an attempt only once it
+// is sent: until then it holds no budget, no body (GetBody is called just
+// before it goes), no event and no pace slot, and a first answer that comes
 // meanwhile abandons it; a first answer that ends the call or parks the
 // host comes back at once. Once sent it went through the host's pace and
 // parking, spent the retry budget (refunded when it wins, so an outage is
 // never doubled), carries its resend count, and was reported to the
 // OnRetry hooks with RetryEvent.Hedge set, and logged, just before it
 // went (on the hedge's goroutine). A hedge due and not sent (budget,
-// parking, pace, GetBody) is reported to the OnGiveUp hooks with
+// parking, pace, GetBody, or every attempt still unanswered and no more
+// allowed: ReasonAttempts) is reported to the OnGiveUp hooks with
 // RetryEvent.Hedge and its Reason, and logged. A request whose policy
 // turns retries off is not hedged. delay 0 means learned: from the
 // latencies of the host's recent answers, their 95th percentile and an
 // eighth, never below 50 ms; 250 ms while none are known; the latencies
-// are kept under WithLearning(false) too, for this alone. Off by default.
+// are kept by the Transport for this alone (whatever WithLearning says),
+// for at most 256 hosts at once. Off by default.
 // The delay runs on the runtime's timers (virtual inside a
 // testing/synctest bubble), not on WithClock's clock.
 func WithHedging(delay time.Duration) Option {
 	return func(c *config) {
 		c.hedging, c.hedgeDelay = true, max(delay, 0)
-		c.hedgeLearns = c.hedgeDelay == 0
 	}
 }
 

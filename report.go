@@ -37,8 +37,10 @@ type RetryEvent struct {
 	// back as it is: one of the Reason constants.
 	Reason Reason
 	// Hedge is set for a hedge (WithHedging): one more attempt sent beside
-	// the first, which has not failed but not answered after Delay;
-	// Status and Err are then zero. OnGiveUp gets one with Hedge set for a
+	// the first, which has not failed but not answered after Delay, or
+	// beside the first and a hedge, unanswered Delay after that hedge;
+	// Attempt is then how many attempts are in flight before it (1 for
+	// the first hedge), and Status and Err are zero. OnGiveUp gets one with Hedge set for a
 	// hedge that was due after Delay and not sent, Reason saying why.
 	Hedge bool
 }
@@ -224,9 +226,9 @@ func seconds(d time.Duration) float64 { return math.Round(d.Seconds()*1000) / 10
 // reportHedge tells the OnRetry hooks and the log of a hedge, sent beside
 // the first attempt that has not answered after delay: just before it
 // goes, on the hedge's goroutine.
-func (t *Transport) reportHedge(ctx context.Context, req *http.Request, key, host string, delay time.Duration) {
+func (t *Transport) reportHedge(ctx context.Context, req *http.Request, key, host string, attempt int, delay time.Duration) {
 	if len(t.onRetry) > 0 {
-		ev := RetryEvent{Request: req, Attempt: 1, Delay: delay, Key: key, Hedge: true}
+		ev := RetryEvent{Request: req, Attempt: attempt, Delay: delay, Key: key, Hedge: true}
 		for _, hook := range t.onRetry {
 			hook(ev)
 		}
@@ -242,9 +244,9 @@ func (t *Transport) reportHedge(ctx context.Context, req *http.Request, key, hos
 // due after delay and not sent, for reason (the budget, the host's
 // parking or pace, GetBody): every call slower than its hedge delay is
 // hedged, or says why not.
-func (t *Transport) reportNoHedge(ctx context.Context, req *http.Request, key, host string, delay time.Duration, reason Reason) {
+func (t *Transport) reportNoHedge(ctx context.Context, req *http.Request, key, host string, attempt int, delay time.Duration, reason Reason) {
 	if len(t.onGiveUp) > 0 {
-		ev := RetryEvent{Request: req, Attempt: 1, Delay: delay, Key: key, Reason: reason, Hedge: true}
+		ev := RetryEvent{Request: req, Attempt: attempt, Delay: delay, Key: key, Reason: reason, Hedge: true}
 		for _, hook := range t.onGiveUp {
 			hook(ev)
 		}

@@ -36,6 +36,9 @@ type Transport struct {
 	// headers, all hosts: what a host that just got a record can have of
 	// ours on its way at most (Signal.InFlight).
 	inflight atomic.Int64
+	// latencies are the hosts' recent latencies, for a learned hedge
+	// delay (WithHedging(0)); nil otherwise.
+	latencies *latencyTable
 }
 
 // New returns a Transport configured by opts; without options it retries
@@ -45,6 +48,9 @@ type Transport struct {
 // goroutine.
 func New(opts ...Option) *Transport {
 	t := &Transport{config: newConfig(opts)}
+	if t.hedging && t.hedgeDelay == 0 {
+		t.latencies = newLatencyTable()
+	}
 	// A base that is a plain *http.Transport cannot lead to another
 	// Transport of ours, and one that is ours is called directly for a
 	// single attempt; only an unknown base needs the context mark.
@@ -139,6 +145,9 @@ type call struct {
 	attemptTimeout time.Duration
 	// nested is set for the one attempt of a Transport nested in another.
 	nested bool
+	// lat is the host's latencies, for a learned hedge delay, found by
+	// hedgeAfter: the first attempt's answer is added to them.
+	lat *hostLatencies
 }
 
 // hostName is the host the call goes to, made on first use: the success
