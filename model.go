@@ -141,7 +141,6 @@ type hostModel struct {
 	gen         uint32  // tells this record's tickets from an earlier one's
 	state       HostState
 	held        bool // it served an attempt of ours while it refused others
-	timing      bool // its latencies are kept, for a Transport that hedges
 
 	// What went out and came back.
 	inflight     int32  // attempts with a ticket, sent and not answered
@@ -154,7 +153,7 @@ type hostModel struct {
 	answeredSent instant
 	exShare      float64    // the share it refused after cuts that did not lower it
 	ghosts       float64    // attempts sent before the record, still on their way, at most (while fresh)
-	latencies    *latencies // allocated at the first latency: most records never need one
+	latencies    *latencies // a paced host's, allocated at its first: a failing host keeps none
 
 	// The run of failures that may make the host down.
 	streak      int32
@@ -246,7 +245,6 @@ func (m *hostModel) answer(sig *Signal, ev *changes) {
 		return
 	}
 	m.seen = now
-	m.timing = m.timing || sig.KeepLatency
 	// Sent while another was on its way: before the last answer came, or
 	// with the attempt that brought it.
 	sentAt := now.Add(-sig.Latency)
@@ -264,7 +262,9 @@ func (m *hostModel) answer(sig *Signal, ev *changes) {
 			c.cutRefused++
 		}
 	}
-	if tracked && sig.Latency > 0 && o == accepted {
+	if tracked && sig.Latency > 0 && o == accepted && (m.state == HostOverloaded || m.state == HostRecovering) {
+		// Only a paced host's are read (adjust: is what it took at once
+		// a limit in flight?): a failing one keeps none.
 		if m.latencies == nil {
 			m.latencies = new(latencies)
 		}
@@ -379,7 +379,7 @@ func (m *hostModel) status() HostStatus {
 // host lately), and nothing went wrong with the host for forgetAfter.
 func (m *hostModel) expired(t time.Time) bool {
 	now := m.at(t)
-	if (m.inflight > 0 || m.timing) && now.Sub(m.seen) < forgetAfter {
+	if m.inflight > 0 && now.Sub(m.seen) < forgetAfter {
 		return false
 	}
 	if now.Sub(m.seen) >= forgetAfter {

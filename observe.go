@@ -28,16 +28,15 @@ func (c *call) observe(a *answer) bool {
 		quota = quotaHeaders(h)
 	}
 	plain := resp != nil && code < 400 && c.retryIf == nil && !t.statuses.has(code)
-	tell := a.adm.report || quota || t.hedgeLearns
+	tell := a.adm.report || quota
 	if plain && !tell {
-		if tell = c.sentBeforeRecord(); !tell {
+		if tell = c.sentBeforeRecord(a.adm.at); !tell {
 			return false
 		}
 	}
 	now := t.clock.Now()
 	a.now = now
-	sig := Signal{Now: now, Ticket: a.adm.ticket, Latency: now.Sub(a.adm.at), Status: code, Reset: -1, Remaining: -1,
-		KeepLatency: t.hedgeLearns}
+	sig := Signal{Now: now, Ticket: a.adm.ticket, Latency: now.Sub(a.adm.at), Status: code, Reset: -1, Remaining: -1}
 	if resp == nil {
 		sig.Err, sig.Failed = a.err, true
 		sig.Canceled = c.ctx.Err() != nil // the caller's doing, not the host's
@@ -66,13 +65,19 @@ func (c *call) observe(a *answer) bool {
 // sentBeforeRecord reports, for an attempt that got no ticket, whether a
 // host just got a record: its answer may be one of a burst that host is
 // still answering, which the record wants to hear of (see held). One
-// atomic load while no host has a record.
-func (c *call) sentBeforeRecord() bool {
+// atomic load while no host has a record; while some have, a second, and
+// no clock reading: the attempt was sent at sent, and one sent after the
+// newest record's hold says nothing to it (one sent before, answered
+// after, is told: more than asked, never less).
+func (c *call) sentBeforeRecord(sent time.Time) bool {
 	l := c.t.free
 	if l == nil || l.learning.Load() == 0 {
 		return false
 	}
-	return c.t.clock.Now().Sub(l.epoch).Nanoseconds() < l.freshUntil.Load()
+	if sent.IsZero() {
+		sent = c.t.clock.Now()
+	}
+	return sent.Sub(l.epoch).Nanoseconds() < l.freshUntil.Load()
 }
 
 // readWaits reads the waits and the quota an answer names, parks the host

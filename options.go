@@ -81,7 +81,6 @@ type config struct {
 	attemptTimeout          time.Duration
 	hedging                 bool
 	hedgeDelay              time.Duration // 0: learned
-	hedgeLearns             bool          // unset: the learned hedge delay's latencies are the hedger's own (hedgelatency.go), not the host model's
 	replayLimit             int64
 	onRetry, onGiveUp       []func(RetryEvent)
 	onPark                  []func(ParkEvent)

@@ -105,14 +105,10 @@ type Reservation struct {
 	// with Ticket in the Signal: the Limiter keeps count of the host.
 	Report bool
 	Ticket uint64
-	// Latency is the 95th percentile of the host's recent answer
-	// latencies, when the Limiter keeps them (for a Transport that learns
-	// its hedge delay); 0 when it does not.
-	Latency time.Duration
 }
 
 // Limiter paces attempts per host, holds each host's parking and keeps
-// each host's model (hostmodel.go): whether it is failing, overloaded or
+// each host's model (model.go): whether it is failing, overloaded or
 // down, and how it is held. The Transport asks it before every attempt,
 // tells it of every parking, and of every answer of an attempt it asked to
 // hear of and of every answer that failed or announced a quota. The
@@ -242,7 +238,7 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 				return res, nil
 			}
 			m.tookQuota()
-			res.Report, res.Ticket, res.Latency = true, t, m.latencies.p95()
+			res.Report, res.Ticket = true, t
 			return res, nil
 		}
 	}
@@ -283,7 +279,7 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 		return res, nil
 	}
 	m.tookQuota()
-	res.Report, res.Ticket, res.Latency = true, m.send(now), m.latencies.p95()
+	res.Report, res.Ticket = true, m.send(now)
 	return res, nil
 }
 
@@ -421,7 +417,7 @@ func worthARecord(sig *Signal) bool {
 	case refused, failed, served:
 		return true
 	case accepted:
-		return sig.Limit > 0 || sig.KeepLatency
+		return sig.Limit > 0
 	}
 	return false
 }
@@ -481,10 +477,9 @@ func (e *paceError) Unwrap() error { return context.DeadlineExceeded }
 // admission is an attempt let go: when, and the ticket the limiter wants
 // back with its answer.
 type admission struct {
-	at      time.Time
-	ticket  uint64
-	report  bool
-	latency time.Duration // the host's 95th percentile, when known
+	at     time.Time
+	ticket uint64
+	report bool
 }
 
 // admit waits until an attempt to host may start, and returns when it
@@ -519,7 +514,7 @@ func (t *Transport) admit(ctx context.Context, host string, now time.Time) (admi
 		case res.Down != nil:
 			return admission{at: now}, res.Down
 		case res.OK:
-			adm := admission{at: now, ticket: res.Ticket, report: res.Report, latency: res.Latency}
+			adm := admission{at: now, ticket: res.Ticket, report: res.Report}
 			if res.Delay <= 0 {
 				return adm, nil
 			}

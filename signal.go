@@ -49,9 +49,6 @@ type Signal struct {
 	// every host, as the answer comes (its own not counted): a bound on
 	// what this host still has of ours before it had a record.
 	InFlight int
-	// KeepLatency asks the Limiter to keep the host's answer latencies,
-	// for Reservation.Latency: the Transport learns its hedge delay.
-	KeepLatency bool
 	// Down is set, for a Limiter given with WithLimiter, when the
 	// Transport's own host model holds the host down after this answer:
 	// a Limiter that shares it (redislimit does) hands the host back to

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -135,26 +136,36 @@ func (b *proxyBackend) close() {
 
 // freePort is a loopback port nothing listens on (at the time of asking).
 func freePort() (int, error) {
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for range 200 {
+		port := portsFrom + rand.IntN(portsSpan)
+		if !givenPorts.give(port) {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
-			return 0, err
+			continue // another process's
 		}
-		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		if givenPorts.give(port) {
-			return port, nil
-		}
+		return port, nil
 	}
-	return 0, errors.New("no loopback port free that no other cell was given")
+	return 0, errors.New("no loopback port free in the proxies' range")
 }
 
-// givenPorts is the ports freePort handed out in this run: a port is free
-// between its listener's close and the proxy's bind, and the kernel may
-// hand it to the next cell that asks. Two cells on one port made one
-// cell's proxy fail to bind while its client, finding the port open,
-// sent to the other cell's proxy: both cells measured one proxy's limit
-// shared (a host taken for down, once).
+// The proxies' ports come from below the kernel's ephemeral range (Linux:
+// 32768 and up), where no listener on port 0 (a cell's backend, another
+// test's server) and no outgoing connection is put. A port the kernel
+// picked was free between its listener's close and the proxy's bind, and
+// the next backend could get it: the proxy then failed to bind, and its
+// client, finding the port open, sent to that backend direct.
+const (
+	portsFrom = 20000
+	portsSpan = 10000
+)
+
+// givenPorts is the ports freePort handed out in this run, so that no two
+// cells share one: a proxy that failed to bind while its client, finding
+// the port open, sent to the other cell's proxy measured that proxy's
+// limit shared (a host taken for down, once).
 var givenPorts portBook
 
 type portBook struct {
