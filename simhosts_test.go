@@ -630,7 +630,7 @@ var simKnownMisses = map[string]simKnownMiss{
 	"inFlight":            {"100/200: more than the slots are sent now and then, 3 503s in a row lose a page; or one slot's 429s are paced as a rate, slowly grown: 1.5x ideal", 0},
 	"inFlightQueue":       {"63/200: past slots and queue for the first 10 s: the 503s cost pages (3 in a row) before a limit in flight is held", 4},
 	"randomFailures":      {"53/200: over ~50 % failures most pages get one try, their retries withheld with no RetryEvent saying why: pages a perfect client gets are lost", 16},
-	"outage503":           {"11/200: an outage of 503s is taken for overload, and the host is paced at 1/s after it (7/s before): 4x ideal, a 48 s call", 3},
+	"outage503":           {"2-4/200 (11 before a pace of one a hold was seen to bind): an outage of bare 503s is taken for overload, and the pace cut in it (1.7/s of 7/s) grows back only once it binds again, after the outage: 1.5x ideal", 140},
 	"capacityChange":      {"38/200: a rise is not found (1/s to 4/s at 15 s: still 1/s to the end, 2.3x ideal); a cut can collapse the pace (14/s to 8/s: 1/s for 4 min, seed 7)", 6},
 	"bucketFlakyReplica":  {"101/200: the replica's failures are taken for load: a 12/s bucket is paced at 7-8/s: 1.3-1.5x ideal", 0},
 }
