@@ -436,11 +436,13 @@ func (c *call) prepare() {
 		c.trace = newSendTrace()
 		ctx = httptrace.WithClientTrace(ctx, &c.trace.trace)
 	}
+	var marked *markedRequest
 	if t.markNested {
 		// Marked for the Transport of ours that may lie behind this
 		// unknown base; only this request, not others made with its
 		// context (an auth wrapper fetching a token), is nested for it.
-		ctx = &passedDownCtx{Context: ctx, method: methodOf(req), url: req.URL}
+		marked = &markedRequest{ctx: passedDownCtx{Context: ctx, method: methodOf(req), url: req.URL}}
+		ctx = &marked.ctx
 	}
 	if ResendCount(ctx) != 0 {
 		// Another request's retry count, on a context this request was
@@ -451,7 +453,15 @@ func (c *call) prepare() {
 	if ctx == c.ctx && !needKey && c.replay == nil {
 		return
 	}
-	r := req.WithContext(ctx)
+	var r *http.Request
+	if marked != nil {
+		// The request and its mark in one allocation: WithContext's copy
+		// does not escape, and is copied in.
+		marked.req = *req.WithContext(ctx)
+		r = &marked.req
+	} else {
+		r = req.WithContext(ctx)
+	}
 	if c.replay != nil {
 		r.Body = c.replay.first()
 	}
@@ -510,6 +520,13 @@ func closeBody(req *http.Request) {
 // nestedKey is the context key of the mark a Transport puts on the request
 // it passes down an unknown base.
 type nestedKey struct{}
+
+// markedRequest is a request passed down an unknown base and its context,
+// made together.
+type markedRequest struct {
+	req http.Request
+	ctx passedDownCtx
+}
 
 // passedDown is the context of a request a Transport passed down an unknown
 // base: it names that request, so that a Transport of ours below treats it,
