@@ -1,6 +1,7 @@
 package retryhttp
 
 import (
+	"net/http"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -141,6 +142,7 @@ type hostModel struct {
 	gen         uint32  // tells this record's tickets from an earlier one's
 	state       HostState
 	held        bool // it served an attempt of ours while it refused others
+	says429     bool // it refused saying it limits the rate (a 429): its bare 503s are not its limit's
 
 	// What went out and came back.
 	inflight     int32  // attempts with a ticket, sent and not answered
@@ -243,6 +245,16 @@ func (m *hostModel) answer(sig *Signal, ev *changes) {
 	o := sig.outcome()
 	if o == saysNothing {
 		return
+	}
+	switch {
+	case sig.limits():
+		m.says429 = true
+	case o == refused && m.says429 && sig.Status == http.StatusServiceUnavailable:
+		// A host whose limit says so (a 429) does not limit with a bare
+		// 503 too: that one is its application's, a broken replica's
+		// behind the limiter, and says nothing of the rate. (A 529 is
+		// Anthropic's overload, beside its 429s: still a refusal.)
+		o = served
 	}
 	m.seen = now
 	// Sent while another was on its way: before the last answer came, or

@@ -507,7 +507,14 @@ func (t *Transport) admit(ctx context.Context, host string, now time.Time) (admi
 	for {
 		a.Now = now
 		res, err := t.limiter.Reserve(ctx, a)
-		a.Waited = nil
+		if res.ParkedUntil.IsZero() {
+			// A slot in flight kept for this request is collected by
+			// this ask, unless the host is parked: then by the ask after
+			// the parking. (Forgetting it there left the slot kept for
+			// nobody, and every request queued behind it waited until
+			// the kept slot's record was forgotten: a minute.)
+			a.Waited = nil
+		}
 		switch {
 		case err != nil:
 			return admission{at: now}, err
