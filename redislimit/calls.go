@@ -50,6 +50,7 @@ func (l *Limiter) run(ctx context.Context, srv *server, s *redis.Script, keys []
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
+	start := time.Now()
 	var r result
 	if l.direct {
 		r.vals, r.err = s.Run(ctx, rdb, keys, args...).Int64Slice()
@@ -64,6 +65,9 @@ func (l *Limiter) run(ctx context.Context, srv *server, s *redis.Script, keys []
 		} else {
 			r.err = ctx.Err()
 		}
+	}
+	if r.err == nil {
+		srv.answeredIn(time.Since(start))
 	}
 	if r.err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		// Said once, whoever noticed the deadline first: the client or

@@ -99,7 +99,7 @@ type memHost struct {
 	claimEnd time.Time
 	lease    time.Time
 	// lastCall is when this process last called Redis for the host, gap
-	// its gap between calls lately, dl the time its last call gave it to
+	// its gap between wants of the host lately (calls or not), dl the time its last call gave it to
 	// call again, demand when it last wanted a slot (in process or not),
 	// local that it paced the host in process since its last answer.
 	lastCall, demand time.Time
@@ -462,7 +462,11 @@ func (m *memory) prepare(host string, now time.Time, paced bool) prep {
 	// Limiter.Reserve), and lie only on its places in the round.
 	lead := min(max(h.rtat.Sub(now), 0), aheadFloor)
 	p.ahead = lead
-	if g := now.Sub(h.lastCall); !h.lastCall.IsZero() && g >= 0 {
+	// The gap is between the process's wants of the host, not between
+	// its calls to Redis: a process back from pacing in process calls
+	// after a gap as long as its fallback, and a deadline twice that
+	// would hold its share back for as long at its next fall.
+	if g := now.Sub(later(h.lastCall, h.demand)); !h.lastCall.IsZero() && g >= 0 {
 		h.gap = min(max(g, h.gap/2), presenceMax)
 	}
 	h.lastCall, h.demand = now, now

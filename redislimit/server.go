@@ -35,7 +35,31 @@ type server struct {
 	known    atomic.Value // epoch as the string the scripts are given
 	epochAt  atomic.Int64
 	flushing atomic.Bool // a hand-over of parkings to it is under way
-	clock    clockEstimate
+	// lastRTT is the round trip of the latest call it answered, and
+	// peakRTT the longest of the latest few (see answeredIn), in ns.
+	// slow: it last failed by not answering in time after answering near
+	// the bound (a link about as slow as the timeout, not a freeze nor a
+	// stop on a fast one); inTime counts the probes answered in time
+	// since. See Limiter.answered.
+	lastRTT atomic.Int64
+	peakRTT atomic.Int64
+	slow    atomic.Bool
+	inTime  atomic.Int32
+	clock   clockEstimate
+}
+
+// answeredIn records the round trip of a call the server answered. The
+// peak forgets an eighth of itself with each answer, so that it tells the
+// link's recent worst, a few calls long, not a single spike long ago.
+func (s *server) answeredIn(rtt time.Duration) {
+	s.lastRTT.Store(int64(rtt))
+	for {
+		cur := s.peakRTT.Load()
+		next := max(int64(rtt), cur-cur/8)
+		if s.peakRTT.CompareAndSwap(cur, next) {
+			return
+		}
+	}
 }
 
 // A Ring moves a dead shard's keys to the shards left, where nothing is
