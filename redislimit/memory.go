@@ -44,6 +44,9 @@ type memShard struct {
 }
 
 type memHost struct {
+	// key is prefix + host, the host's key in Redis, boxed once for the
+	// reserve calls (see args.go); nil until the first.
+	key    any
 	tat    time.Time // the in-process bucket is full again at tat
 	parked time.Time // parked until
 	// own is tat as the in-process pacer left it: the slots it handed out
@@ -428,6 +431,7 @@ func (h *memHost) heardClaim(a answer) {
 // prep is what a call to Redis for a host carries of this process's
 // knowledge of it.
 type prep struct {
+	key   any           // the host's key, boxed once (nil: not known yet)
 	ahead time.Duration // how far ahead the bucket is known to be full
 	dl    time.Duration // until the process calls again, if it still wants the host
 
@@ -445,7 +449,7 @@ type prep struct {
 // gives the process twice its recent gap between calls to call again, or
 // the bucket's lead when longer: a process whose requests all wait for
 // their slots calls again when the first of them has gone.
-func (m *memory) prepare(host string, now time.Time, paced bool) prep {
+func (m *memory) prepare(host, prefix string, now time.Time, paced bool) prep {
 	s := m.shard(host)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -453,7 +457,10 @@ func (m *memory) prepare(host string, now time.Time, paced bool) prep {
 	if h == nil {
 		return prep{beat: paced, dl: presenceFloor}
 	}
-	p := prep{had: h.orphan || (h.local && h.claim), knew: h.claim, waited: h.waited && !h.claim, share: h.share}
+	if h.key == nil {
+		h.key = prefix + host
+	}
+	p := prep{key: h.key, had: h.orphan || (h.local && h.claim), knew: h.claim, waited: h.waited && !h.claim, share: h.share}
 	// A count that changed since this process's last recount may have
 	// moved its place: recount to learn it.
 	p.beat = h.n != h.beatN || now.Sub(h.hbAt) >= heartbeatEvery || now.Before(h.hbAt)

@@ -25,6 +25,8 @@ type server struct {
 	master string
 	c      redis.Scripter // the client; nil for a Ring shard, found by addr
 	marker string         // the epoch marker's key; "" with a Cluster
+	// markerArg is marker boxed once for the reserve calls; nil when ""
+	markerArg any
 
 	down    atomic.Bool  // pacing in process: the server failed and has not answered since
 	probeAt atomic.Int64 // when down: the next call to try it, in ns since the Limiter's start
@@ -75,6 +77,16 @@ func (s *server) answeredIn(rtt time.Duration) {
 // client's one server. Only a Cluster has no epoch marker: its scripts
 // reach one slot.
 func newServers(rdb redis.UniversalClient, prefix string) []*server {
+	out := serversOf(rdb, prefix)
+	for _, s := range out {
+		if s.marker != "" {
+			s.markerArg = s.marker
+		}
+	}
+	return out
+}
+
+func serversOf(rdb redis.UniversalClient, prefix string) []*server {
 	switch c := rdb.(type) {
 	case nil:
 		return []*server{{}}
