@@ -345,7 +345,7 @@ func (l *Limiter) Reserve(ctx context.Context, a retryhttp.Attempt) (retryhttp.R
 		l.fail(srv, err)
 		return l.local(srv, a, elapsed), nil
 	}
-	l.answered(srv)
+	l.answeredFor(srv, a.Host)
 	if res[0] == codeProbed {
 		// Redis is back: ask again as a process that is back, once the
 		// slots it handed out in process have passed.

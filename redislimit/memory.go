@@ -267,6 +267,18 @@ func (m *memory) reserve(a retryhttp.Attempt, p retryhttp.Pace, sh share) retryh
 	return r
 }
 
+// hasShare reports whether the in-process pacer has a share of host to
+// pace at now, as memory.reserve finds it: a claim (or an orphan's
+// share) that Redis counted and that has not ended. A host without one
+// waits for Redis.
+func (m *memory) hasShare(host string, now time.Time) bool {
+	s := m.shard(host)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.hosts[host]
+	return h != nil && (h.claim || h.orphan) && h.share > 0 && now.Before(h.claimEnd)
+}
+
 // onGrid returns the first moment from t on that is the slot of place
 // rank in rounds of n slots of length interval, counted from the Unix
 // epoch.

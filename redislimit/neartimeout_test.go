@@ -51,7 +51,10 @@ func linkNearTimeout(t *testing.T, lo, hi time.Duration) {
 	ts := host.served()
 	t.Logf("per second: %s", perSecond(ts, start, total))
 	host.members(t, start, total)
-	checkBusiest(t, "whole run", ts, start, start, start.Add(total))
+	// From the slowing on: the start, at a 50 ms timeout on a loaded
+	// machine, is another matter (a process's first calls can time out
+	// while it is alone in Redis's count).
+	checkBusiest(t, "on the slow link", ts, start, start.Add(slow), start.Add(total))
 	late := between(ts, start.Add(slow+time.Second), start.Add(total))
 	rate := float64(len(late)) / (total - slow - time.Second).Seconds()
 	t.Logf("%.1f/s on the link near the timeout, after its first second", rate)

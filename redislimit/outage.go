@@ -94,7 +94,12 @@ const slowBack = 5
 
 // answered records a call that srv answered: back to Redis, if the
 // Limiter was pacing its hosts in process.
-func (l *Limiter) answered(srv *server) {
+func (l *Limiter) answered(srv *server) { l.answeredFor(srv, "") }
+
+// answeredFor is answered for a call about host ("": none): a probe for
+// a host that has no share to pace in process, and so waits for Redis,
+// brings the Limiter back to Redis whatever the link (see slowBack).
+func (l *Limiter) answeredFor(srv *server, host string) {
 	if !l.started.Load() && l.started.CompareAndSwap(false, true) {
 		if l.channel != "" {
 			l.spawn(l.listen)
@@ -104,7 +109,8 @@ func (l *Limiter) answered(srv *server) {
 	if !srv.down.Load() {
 		return
 	}
-	if srv.slow.Load() && time.Duration(srv.lastRTT.Load()) >= l.timeout/2 && srv.inTime.Add(1) < slowBack {
+	if srv.slow.Load() && time.Duration(srv.lastRTT.Load()) >= l.timeout/2 &&
+		(host == "" || l.share > 0 || l.mem.hasShare(host, time.Now())) && srv.inTime.Add(1) < slowBack {
 		// Fell for answering late after answering near the bound, and
 		// answered near it again: a link about as slow as the timeout,
 		// on which a call in two or so comes in time. Going back now
@@ -112,7 +118,8 @@ func (l *Limiter) answered(srv *server) {
 		// process the slots it holds back until the others stop counting
 		// it present; pacing its share in process costs nothing. So back
 		// only on an answer well within the bound, or on slowBack
-		// answered in time in a row. A freeze or a stop of a server that
+		// answered in time in a row. Not so for a host that waits for
+		// Redis, holding no share: held, it would wait for ever. A freeze or a stop of a server that
 		// answered fast is not held so: its processes come back at once.
 		return
 	}
