@@ -119,8 +119,9 @@ func (l *Limiter) answeredFor(srv *server, host string) {
 		// it present; pacing its share in process costs nothing. So back
 		// only on an answer well within the bound, or on slowBack
 		// answered in time in a row. Not so for a host that waits for
-		// Redis, holding no share: held, it would wait for ever. A freeze or a stop of a server that
-		// answered fast is not held so: its processes come back at once.
+		// Redis, holding no share: held, it would wait for ever. A
+		// freeze or a stop of a server that answered fast is not held
+		// so: its processes come back at once.
 		return
 	}
 	if !srv.down.CompareAndSwap(true, false) {
