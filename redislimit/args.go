@@ -124,9 +124,9 @@ func (l *Limiter) keys(srv *server, host string) []string {
 }
 
 // reserveArgs sets rc's arguments for a, sent at sent (µs since the
-// Limiter's start), and returns how long after sending this call could
+// Limiter's start), a probe or not, and returns how long after sending this call could
 // still renew the process's claim, should it fail here and run later.
-func (l *Limiter) reserveArgs(rc *reserveCall, srv *server, a retryhttp.Attempt, p prep, sent int64) time.Duration {
+func (l *Limiter) reserveArgs(rc *reserveCall, srv *server, a retryhttp.Attempt, p prep, sent int64, probe bool) time.Duration {
 	var (
 		interval time.Duration
 		burst    int
@@ -156,8 +156,8 @@ func (l *Limiter) reserveArgs(rc *reserveCall, srv *server, a retryhttp.Attempt,
 		if p.ahead > 0 {
 			rc.num(3, us(min(p.ahead, aheadFloor)))
 		}
-		if srv.down.Load() {
-			mode = argProbe // a probe
+		if probe {
+			mode = argProbe
 		}
 		id = l.idArg
 		if p.beat {

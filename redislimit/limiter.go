@@ -403,7 +403,7 @@ var errStale = errors.New("redislimit: the server's clock disagrees with its ans
 func (l *Limiter) reserveRedis(ctx context.Context, srv *server, a retryhttp.Attempt) ([]int64, time.Duration, error) {
 	var p prep
 	if !a.CheckOnly {
-		p = l.mem.prepare(a.Host, l.prefix, a.Now, !a.Pace.Unlimited())
+		p = l.mem.prepare(a.Host, l.prefix, a.Now, !a.Pace.Unlimited(), l.stale)
 	}
 	start := time.Now()
 	key := p.key
@@ -411,10 +411,16 @@ func (l *Limiter) reserveRedis(ctx context.Context, srv *server, a retryhttp.Att
 		key = l.prefix + a.Host // a check, or a host new to the process
 	}
 	for try := 0; ; try++ {
-		probe := srv.down.Load() // a probe renews no claim, however late it runs
+		// A probe renews no claim, however late it runs, and takes no
+		// slot: its process paces the host in process meanwhile. A host
+		// with no share to pace so waits for Redis, and its call while
+		// Redis fails is an ordinary one: answered, it has its slot and
+		// its claim at once, where a probe answered would need a second
+		// call, on a link that may answer one call in two.
+		probe := srv.down.Load() && !a.CheckOnly && (l.share > 0 || ((p.knew || p.had) && p.share > 0))
 		sent, sentAt := us(time.Since(l.start)), a.Now.Add(time.Since(start))
 		rc := newReserveCall(srv, key)
-		late := l.reserveArgs(rc, srv, a, p, sent)
+		late := l.reserveArgs(rc, srv, a, p, sent, probe)
 		res, err := l.runReserve(ctx, srv, rc)
 		elapsed := time.Since(start)
 		if err == nil && len(res) < 13 {

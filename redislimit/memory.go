@@ -102,7 +102,7 @@ type memHost struct {
 	claimEnd time.Time
 	lease    time.Time
 	// lastCall is when this process last called Redis for the host, gap
-	// its gap between wants of the host lately (calls or not), dl the time its last call gave it to
+	// its gap between wants of the host lately (with a Cluster, between calls; see prepare), dl the time its last call gave it to
 	// call again, demand when it last wanted a slot (in process or not),
 	// local that it paced the host in process since its last answer.
 	lastCall, demand time.Time
@@ -461,7 +461,15 @@ type prep struct {
 // gives the process twice its recent gap between calls to call again, or
 // the bucket's lead when longer: a process whose requests all wait for
 // their slots calls again when the first of them has gone.
-func (m *memory) prepare(host, prefix string, now time.Time, paced bool) prep {
+//
+// With wants, the gap is between the process's wants of the host, not
+// between its calls to Redis: a process back from pacing in process calls
+// after a gap as long as its fallback, and a deadline twice that would
+// hold its share back for as long at its next fall. Without (a Cluster,
+// whose calls carry no bound past which they are refused, and may renew
+// a claim however late they run), the gap between calls is kept, whose
+// longer deadlines cover such late renewals better.
+func (m *memory) prepare(host, prefix string, now time.Time, paced, wants bool) prep {
 	s := m.shard(host)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -481,11 +489,11 @@ func (m *memory) prepare(host, prefix string, now time.Time, paced bool) prep {
 	// Limiter.Reserve), and lie only on its places in the round.
 	lead := min(max(h.rtat.Sub(now), 0), aheadFloor)
 	p.ahead = lead
-	// The gap is between the process's wants of the host, not between
-	// its calls to Redis: a process back from pacing in process calls
-	// after a gap as long as its fallback, and a deadline twice that
-	// would hold its share back for as long at its next fall.
-	if g := now.Sub(later(h.lastCall, h.demand)); !h.lastCall.IsZero() && g >= 0 {
+	last := h.lastCall
+	if wants {
+		last = later(last, h.demand)
+	}
+	if g := now.Sub(last); !h.lastCall.IsZero() && g >= 0 {
 		h.gap = min(max(g, h.gap/2), presenceMax)
 	}
 	h.lastCall, h.demand = now, now

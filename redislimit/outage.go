@@ -66,8 +66,10 @@ func (l *Limiter) fail(srv *server, err error) {
 	if !srv.down.Load() && srv.down.CompareAndSwap(false, true) {
 		srv.downAt.Store(now)
 		// Judged once, at the fall: the round trips before it are those
-		// of calls answered while the server was up.
-		srv.slow.Store(errors.Is(err, errTimeout) && time.Duration(srv.peakRTT.Load()) >= l.timeout/2)
+		// of calls answered while the server was up. Not on a Cluster,
+		// whose late calls are not refused (see bounds): its processes
+		// come back as before.
+		srv.slow.Store(l.stale && errors.Is(err, errTimeout) && time.Duration(srv.peakRTT.Load()) >= l.timeout/2)
 	}
 	srv.inTime.Store(0) // answered in time in a row, no more
 	l.slotFailed(srv)
