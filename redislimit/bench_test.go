@@ -115,3 +115,51 @@ func BenchmarkTransport(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkGoRedisEvalSha is go-redis alone, the floor under a Reserve
+// through Redis: a script taking two keys and 14 numbers and answering 13
+// numbers the size of the reserve script's (µs of the server's clock), run
+// with Script.Run and read with Int64Slice (as the Limiter did), and sent
+// as an EVALSHA IntSliceCmd through Process (as it does now), both with a
+// client with ContextTimeoutEnabled and the call's context bounded.
+func BenchmarkGoRedisEvalSha(b *testing.B) {
+	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(b), ContextTimeoutEnabled: true})
+	b.Cleanup(func() { rdb.Close() })
+	s := redis.NewScript(`local r = {} for i = 1, 13 do r[i] = 1764633600000000 + i end return r`)
+	keys := []string{testPrefix(b) + "a", testPrefix(b) + "b"}
+	nums := make([]int64, 14)
+	for i := range nums {
+		nums[i] = 1764633600000000 + int64(i)
+	}
+	if err := s.Run(context.Background(), rdb, keys, 0).Err(); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("Script.Run+Int64Slice", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, err := s.Run(ctx, rdb, keys, nums[0], nums[1], nums[2], nums[3], nums[4], nums[5], nums[6],
+				nums[7], nums[8], nums[9], nums[10], nums[11], nums[12], nums[13]).Int64Slice()
+			cancel()
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Process+IntSliceCmd", func(b *testing.B) {
+		args := []any{"evalsha", s.Hash(), "2", keys[0], keys[1]}
+		for i := range nums {
+			args = append(args, &nums[i])
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			cmd := redis.NewIntSliceCmd(ctx, args...)
+			err := rdb.Process(ctx, cmd)
+			cancel()
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -30,8 +31,12 @@ type call struct {
 	s    *redis.Script
 	keys []string
 	args []any
-	done chan result // buffered: a worker never waits on an abandoned call
+	rc   *reserveCall // instead of s, keys and args: a reserve call
+	done chan result  // buffered: a worker never waits on an abandoned call
 }
+
+// callPool holds calls for the workers, each with its channel.
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan result, 1)} }}
 
 type result struct {
 	vals []int64
@@ -44,26 +49,58 @@ var errTimeout = errors.New("redislimit: no answer from Redis in time")
 // run runs a script on keys of srv within the Limiter's timeout and
 // returns its answer, an array of integers.
 func (l *Limiter) run(ctx context.Context, srv *server, s *redis.Script, keys []string, args ...any) ([]int64, error) {
+	return l.do(ctx, srv, &call{s: s, keys: keys, args: args})
+}
+
+// runReserve runs the reserve call rc on srv, as run does; rc is released
+// once it has run, or at once if it cannot run.
+func (l *Limiter) runReserve(ctx context.Context, srv *server, rc *reserveCall) ([]int64, error) {
+	c := call{rc: rc}
+	return l.do(ctx, srv, &c)
+}
+
+// do runs c on srv within the Limiter's timeout.
+func (l *Limiter) do(ctx context.Context, srv *server, c *call) ([]int64, error) {
 	rdb, err := l.client(srv)
 	if err != nil {
+		if c.rc != nil {
+			c.rc.release()
+		}
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
+	start := time.Now()
 	var r result
 	if l.direct {
-		r.vals, r.err = s.Run(ctx, rdb, keys, args...).Int64Slice()
+		r.vals, r.err = c.exec(ctx, rdb)
 	} else {
-		c := &call{ctx: ctx, c: rdb, s: s, keys: keys, args: args, done: make(chan result, 1)}
-		if l.hand(ctx, c) {
+		// Handed to a worker, the call is the worker's: a copy from
+		// callPool, so that this one stays on the caller's stack. The
+		// copy goes back to the pool once its answer was read (the
+		// worker is done with it then); one given up on is left to the
+		// worker, and to the collector.
+		w := callPool.Get().(*call)
+		w.ctx, w.c, w.s, w.keys, w.args, w.rc = ctx, rdb, c.s, c.keys, c.args, c.rc
+		if l.hand(ctx, w) {
 			select {
-			case r = <-c.done:
+			case r = <-w.done:
+				*w = call{done: w.done}
+				callPool.Put(w)
 			case <-ctx.Done():
 				r.err = ctx.Err()
 			}
 		} else {
+			*w = call{done: w.done}
+			callPool.Put(w)
+			if c.rc != nil {
+				c.rc.release()
+			}
 			r.err = ctx.Err()
 		}
+	}
+	if r.err == nil {
+		srv.answeredIn(time.Since(start))
 	}
 	if r.err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		// Said once, whoever noticed the deadline first: the client or
@@ -71,6 +108,14 @@ func (l *Limiter) run(ctx context.Context, srv *server, s *redis.Script, keys []
 		r.err = fmt.Errorf("%w (%v)", errTimeout, l.timeout)
 	}
 	return r.vals, r.err
+}
+
+// exec runs c on rdb.
+func (c *call) exec(ctx context.Context, rdb redis.Scripter) ([]int64, error) {
+	if c.rc != nil {
+		return c.rc.exec(ctx, rdb)
+	}
+	return c.s.Run(ctx, rdb, c.keys, c.args...).Int64Slice()
 }
 
 // hand gives c to an idle worker, or to a new one while there are fewer
@@ -105,7 +150,7 @@ func (l *Limiter) work(c *call) {
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
-		vals, err := c.s.Run(c.ctx, c.c, c.keys, c.args...).Int64Slice()
+		vals, err := c.exec(c.ctx, c.c)
 		c.done <- result{vals, err}
 		idle.Reset(workerIdle)
 		select {

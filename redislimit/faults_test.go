@@ -319,7 +319,7 @@ func TestSlowLink(t *testing.T) {
 	for range 3 {
 		p := redistest.StartProxy(t, srv.Addr)
 		proxies = append(proxies, p)
-		members = append(members, &member{addr: p.Addr, opts: []redislimit.Option{redislimit.WithTimeout(redislimit.DefaultTimeout)}})
+		members = append(members, &member{addr: p.Addr, warm: true, opts: []redislimit.Option{redislimit.WithTimeout(redislimit.DefaultTimeout)}})
 	}
 	start := runFleet(t, host, testPrefix(t), total, members, event{slow, func() error {
 		for _, p := range proxies {

@@ -345,7 +345,7 @@ func (l *Limiter) Reserve(ctx context.Context, a retryhttp.Attempt) (retryhttp.R
 		l.fail(srv, err)
 		return l.local(srv, a, elapsed), nil
 	}
-	l.answered(srv)
+	l.answeredFor(srv, a.Host)
 	if res[0] == codeProbed {
 		// Redis is back: ask again as a process that is back, once the
 		// slots it handed out in process have passed.
@@ -403,18 +403,28 @@ var errStale = errors.New("redislimit: the server's clock disagrees with its ans
 func (l *Limiter) reserveRedis(ctx context.Context, srv *server, a retryhttp.Attempt) ([]int64, time.Duration, error) {
 	var p prep
 	if !a.CheckOnly {
-		p = l.mem.prepare(a.Host, a.Now, !a.Pace.Unlimited())
+		p = l.mem.prepare(a.Host, l.prefix, a.Now, !a.Pace.Unlimited(), l.stale)
 	}
 	start := time.Now()
-	keys := l.keys(srv, a.Host)
+	key := p.key
+	if key == nil {
+		key = l.prefix + a.Host // a check, or a host new to the process
+	}
 	for try := 0; ; try++ {
-		probe := srv.down.Load() // a probe renews no claim, however late it runs
+		// A probe renews no claim, however late it runs, and takes no
+		// slot: its process paces the host in process meanwhile. A host
+		// with no share to pace so waits for Redis, and its call while
+		// Redis fails is an ordinary one: answered, it has its slot and
+		// its claim at once, where a probe answered would need a second
+		// call, on a link that may answer one call in two.
+		probe := srv.down.Load() && !a.CheckOnly && (l.share > 0 || ((p.knew || p.had) && p.share > 0))
 		sent, sentAt := us(time.Since(l.start)), a.Now.Add(time.Since(start))
-		args, late := l.reserveArgs(srv, a, p, sent)
-		res, err := l.run(ctx, srv, reserveScript, keys, args...)
+		rc := newReserveCall(srv, key)
+		late := l.reserveArgs(rc, srv, a, p, sent, probe)
+		res, err := l.runReserve(ctx, srv, rc)
 		elapsed := time.Since(start)
 		if err == nil && len(res) < 13 {
-			err = fmt.Errorf("redislimit: unexpected answer from the reserve script: %v", res)
+			err = errAnswer(res)
 		}
 		if err != nil {
 			// A call that found no connection was never sent.
@@ -435,105 +445,6 @@ func (l *Limiter) reserveRedis(ctx context.Context, srv *server, a retryhttp.Att
 		l.seenEpoch(srv, res[10])
 		return res, elapsed, nil
 	}
-}
-
-// keys are the keys of the reserve script for host on srv: the host's,
-// and the server's epoch marker when it has one.
-func (l *Limiter) keys(srv *server, host string) []string {
-	if srv.marker == "" {
-		return []string{l.prefix + host}
-	}
-	return []string{l.prefix + host, srv.marker}
-}
-
-// reserveArgs are the reserve script's arguments for a, sent at sent (µs
-// since the Limiter's start), and how long after sending this call could
-// still renew the process's claim, should it fail here and run later.
-func (l *Limiter) reserveArgs(srv *server, a retryhttp.Attempt, p prep, sent int64) ([]any, time.Duration) {
-	var (
-		interval time.Duration
-		burst    int
-	)
-	if !a.Pace.Unlimited() {
-		interval, burst = gcra(a.Pace)
-	}
-	// Numbers go as int64: go-redis writes them in decimal, as the
-	// scripts read them, without a string made for each.
-	bound := argEmpty // no bound
-	if !a.Latest.IsZero() {
-		if d := a.Latest.Sub(a.Now); d >= 0 {
-			bound = us(d)
-		} else {
-			bound = argMinusOne // no slot is early enough, not even one now
-		}
-	}
-	// The arguments that are one of a few strings are boxed once (see
-	// argEmpty): a string boxed afresh is an allocation per call.
-	var ahead any = argEmpty
-	mode, id, beat, flag := argEmpty, argEmpty, argEmpty, argEmpty
-	timeout := l.timeout
-	if a.CheckOnly {
-		mode, timeout = argCheck, min(l.timeout, checkTimeout)
-	} else {
-		if p.ahead > 0 {
-			ahead = us(min(p.ahead, aheadFloor))
-		}
-		if srv.down.Load() {
-			mode = argProbe // a probe
-		}
-		id = l.idArg
-		if p.beat {
-			beat = argOne
-		}
-		switch {
-		case p.had:
-			flag = argHad
-		case p.knew:
-			flag = argKnew
-		case p.waited:
-			flag = argWaited
-		}
-	}
-	by, pby, late := l.bounds(srv, sent, timeout, p.dl)
-	known := srv.known.Load() // a string, boxed when stored
-	if known == nil {
-		known = argEmpty
-	}
-	return []any{us(interval), burst, bound, ahead, mode, id, l.win, beat, us(p.dl),
-		by, pby, known, flag, p.share}, late
-}
-
-// Arguments of the reserve script boxed once.
-var (
-	argEmpty    any = ""
-	argMinusOne any = "-1"
-	argCheck    any = "c"
-	argProbe    any = "p"
-	argOne      any = "1"
-	argHad      any = "h"
-	argKnew     any = "k"
-	argWaited   any = "w"
-)
-
-// bounds are a call's bounds on srv's clock, for a call sent at sent (µs
-// since the Limiter's start) and given timeout: after by it is stale and
-// refused, after pby it renews no claim; and how long after sending it
-// could still renew the claim for dl, should it fail here and run later.
-// Without an estimate of the server's clock (no answer yet, or a Cluster)
-// there are no bounds, and a failed call is taken to run within the
-// timeout.
-func (l *Limiter) bounds(srv *server, sent int64, timeout, dl time.Duration) (by, pby any, late time.Duration) {
-	if !l.stale {
-		return argEmpty, argEmpty, timeout + dl
-	}
-	off, rtt, ok := srv.clock.offset()
-	if !ok {
-		return argEmpty, argEmpty, timeout + dl
-	}
-	lag := min(presenceLate, timeout)
-	by = sent + off + us(timeout) + 1000
-	pby = sent + off + us(lag)
-	return by, pby, lag + time.Duration(rtt)*time.Microsecond + dl
 }
 
 // reservation reads the reserve script's answer, which arrived elapsed

@@ -44,6 +44,9 @@ type memShard struct {
 }
 
 type memHost struct {
+	// key is prefix + host, the host's key in Redis, boxed once for the
+	// reserve calls (see args.go); nil until the first.
+	key    any
 	tat    time.Time // the in-process bucket is full again at tat
 	parked time.Time // parked until
 	// own is tat as the in-process pacer left it: the slots it handed out
@@ -99,7 +102,7 @@ type memHost struct {
 	claimEnd time.Time
 	lease    time.Time
 	// lastCall is when this process last called Redis for the host, gap
-	// its gap between calls lately, dl the time its last call gave it to
+	// its gap between wants of the host lately (with a Cluster, between calls; see prepare), dl the time its last call gave it to
 	// call again, demand when it last wanted a slot (in process or not),
 	// local that it paced the host in process since its last answer.
 	lastCall, demand time.Time
@@ -262,6 +265,18 @@ func (m *memory) reserve(a retryhttp.Attempt, p retryhttp.Pace, sh share) retryh
 		r.Cancel = func(time.Time) { m.cancel(host, mine, interval) }
 	}
 	return r
+}
+
+// hasShare reports whether the in-process pacer has a share of host to
+// pace at now, as memory.reserve finds it: a claim (or an orphan's
+// share) that Redis counted and that has not ended. A host without one
+// waits for Redis.
+func (m *memory) hasShare(host string, now time.Time) bool {
+	s := m.shard(host)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.hosts[host]
+	return h != nil && (h.claim || h.orphan) && h.share > 0 && now.Before(h.claimEnd)
 }
 
 // onGrid returns the first moment from t on that is the slot of place
@@ -428,6 +443,7 @@ func (h *memHost) heardClaim(a answer) {
 // prep is what a call to Redis for a host carries of this process's
 // knowledge of it.
 type prep struct {
+	key   any           // the host's key, boxed once (nil: not known yet)
 	ahead time.Duration // how far ahead the bucket is known to be full
 	dl    time.Duration // until the process calls again, if it still wants the host
 
@@ -445,7 +461,15 @@ type prep struct {
 // gives the process twice its recent gap between calls to call again, or
 // the bucket's lead when longer: a process whose requests all wait for
 // their slots calls again when the first of them has gone.
-func (m *memory) prepare(host string, now time.Time, paced bool) prep {
+//
+// With wants, the gap is between the process's wants of the host, not
+// between its calls to Redis: a process back from pacing in process calls
+// after a gap as long as its fallback, and a deadline twice that would
+// hold its share back for as long at its next fall. Without (a Cluster,
+// whose calls carry no bound past which they are refused, and may renew
+// a claim however late they run), the gap between calls is kept, whose
+// longer deadlines cover such late renewals better.
+func (m *memory) prepare(host, prefix string, now time.Time, paced, wants bool) prep {
 	s := m.shard(host)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -453,7 +477,10 @@ func (m *memory) prepare(host string, now time.Time, paced bool) prep {
 	if h == nil {
 		return prep{beat: paced, dl: presenceFloor}
 	}
-	p := prep{had: h.orphan || (h.local && h.claim), knew: h.claim, waited: h.waited && !h.claim, share: h.share}
+	if h.key == nil {
+		h.key = prefix + host
+	}
+	p := prep{key: h.key, had: h.orphan || (h.local && h.claim), knew: h.claim, waited: h.waited && !h.claim, share: h.share}
 	// A count that changed since this process's last recount may have
 	// moved its place: recount to learn it.
 	p.beat = h.n != h.beatN || now.Sub(h.hbAt) >= heartbeatEvery || now.Before(h.hbAt)
@@ -462,7 +489,11 @@ func (m *memory) prepare(host string, now time.Time, paced bool) prep {
 	// Limiter.Reserve), and lie only on its places in the round.
 	lead := min(max(h.rtat.Sub(now), 0), aheadFloor)
 	p.ahead = lead
-	if g := now.Sub(h.lastCall); !h.lastCall.IsZero() && g >= 0 {
+	last := h.lastCall
+	if wants {
+		last = later(last, h.demand)
+	}
+	if g := now.Sub(last); !h.lastCall.IsZero() && g >= 0 {
 		h.gap = min(max(g, h.gap/2), presenceMax)
 	}
 	h.lastCall, h.demand = now, now

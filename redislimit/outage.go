@@ -2,6 +2,7 @@ package redislimit
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strconv"
 	"time"
@@ -64,7 +65,13 @@ func (l *Limiter) fail(srv *server, err error) {
 	srv.probeAt.Store(now + int64(l.probe))
 	if !srv.down.Load() && srv.down.CompareAndSwap(false, true) {
 		srv.downAt.Store(now)
+		// Judged once, at the fall: the round trips before it are those
+		// of calls answered while the server was up. Not on a Cluster,
+		// whose late calls are not refused (see bounds): its processes
+		// come back as before.
+		srv.slow.Store(l.stale && errors.Is(err, errTimeout) && time.Duration(srv.peakRTT.Load()) >= l.timeout/2)
 	}
+	srv.inTime.Store(0) // answered in time in a row, no more
 	l.slotFailed(srv)
 	if l.logger == nil {
 		return
@@ -82,16 +89,44 @@ func (l *Limiter) fail(srv *server, err error) {
 		"redislimit: Redis failed; pacing in process until it answers (hosts first met meanwhile wait for it)", attrs...)
 }
 
+// slowBack is how many probes in a row must be answered in time, after a
+// fall on a link about as slow as the timeout, before the Limiter goes
+// back to Redis, unless one is answered within half the timeout.
+const slowBack = 5
+
 // answered records a call that srv answered: back to Redis, if the
 // Limiter was pacing its hosts in process.
-func (l *Limiter) answered(srv *server) {
+func (l *Limiter) answered(srv *server) { l.answeredFor(srv, "") }
+
+// answeredFor is answered for a call about host ("": none): a probe for
+// a host that has no share to pace in process, and so waits for Redis,
+// brings the Limiter back to Redis whatever the link (see slowBack).
+func (l *Limiter) answeredFor(srv *server, host string) {
 	if !l.started.Load() && l.started.CompareAndSwap(false, true) {
 		if l.channel != "" {
 			l.spawn(l.listen)
 		}
 		l.spawn(l.checkPolicy)
 	}
-	if !srv.down.Load() || !srv.down.CompareAndSwap(true, false) {
+	if !srv.down.Load() {
+		return
+	}
+	if srv.slow.Load() && time.Duration(srv.lastRTT.Load()) >= l.timeout/2 &&
+		(host == "" || l.share > 0 || l.mem.hasShare(host, time.Now())) && srv.inTime.Add(1) < slowBack {
+		// Fell for answering late after answering near the bound, and
+		// answered near it again: a link about as slow as the timeout,
+		// on which a call in two or so comes in time. Going back now
+		// would fall back at the next late call, and each fall costs the
+		// process the slots it holds back until the others stop counting
+		// it present; pacing its share in process costs nothing. So back
+		// only on an answer well within the bound, or on slowBack
+		// answered in time in a row. Not so for a host that waits for
+		// Redis, holding no share: held, it would wait for ever. A
+		// freeze or a stop of a server that answered fast is not held
+		// so: its processes come back at once.
+		return
+	}
+	if !srv.down.CompareAndSwap(true, false) {
 		return
 	}
 	l.slotAnswered(srv)

@@ -25,6 +25,8 @@ type server struct {
 	master string
 	c      redis.Scripter // the client; nil for a Ring shard, found by addr
 	marker string         // the epoch marker's key; "" with a Cluster
+	// markerArg is marker boxed once for the reserve calls; nil when ""
+	markerArg any
 
 	down    atomic.Bool  // pacing in process: the server failed and has not answered since
 	probeAt atomic.Int64 // when down: the next call to try it, in ns since the Limiter's start
@@ -35,7 +37,31 @@ type server struct {
 	known    atomic.Value // epoch as the string the scripts are given
 	epochAt  atomic.Int64
 	flushing atomic.Bool // a hand-over of parkings to it is under way
-	clock    clockEstimate
+	// lastRTT is the round trip of the latest call it answered, and
+	// peakRTT the longest of the latest few (see answeredIn), in ns.
+	// slow: it last failed by not answering in time after answering near
+	// the bound (a link about as slow as the timeout, not a freeze nor a
+	// stop on a fast one); inTime counts the probes answered in time
+	// since. See Limiter.answered.
+	lastRTT atomic.Int64
+	peakRTT atomic.Int64
+	slow    atomic.Bool
+	inTime  atomic.Int32
+	clock   clockEstimate
+}
+
+// answeredIn records the round trip of a call the server answered. The
+// peak forgets an eighth of itself with each answer, so that it tells the
+// link's recent worst, a few calls long, not a single spike long ago.
+func (s *server) answeredIn(rtt time.Duration) {
+	s.lastRTT.Store(int64(rtt))
+	for {
+		cur := s.peakRTT.Load()
+		next := max(int64(rtt), cur-cur/8)
+		if s.peakRTT.CompareAndSwap(cur, next) {
+			return
+		}
+	}
 }
 
 // A Ring moves a dead shard's keys to the shards left, where nothing is
@@ -51,6 +77,16 @@ type server struct {
 // client's one server. Only a Cluster has no epoch marker: its scripts
 // reach one slot.
 func newServers(rdb redis.UniversalClient, prefix string) []*server {
+	out := serversOf(rdb, prefix)
+	for _, s := range out {
+		if s.marker != "" {
+			s.markerArg = s.marker
+		}
+	}
+	return out
+}
+
+func serversOf(rdb redis.UniversalClient, prefix string) []*server {
 	switch c := rdb.(type) {
 	case nil:
 		return []*server{{}}

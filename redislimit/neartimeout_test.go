@@ -1,0 +1,64 @@
+package redislimit_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/retryhttp/retryhttp/redislimit"
+	"github.com/retryhttp/retryhttp/redislimit/internal/redistest"
+)
+
+// TestLinkNearTimeout: Redis's replies take about as long as the default
+// 50 ms timeout, for three processes at a shared 20/s, so that some calls
+// answer in time and others do not. Each fall to the in-process pacer
+// costs a process the slots it holds back until the others stop counting
+// it present, so a process flipping between Redis and its fallback at
+// every late call sent 13.6-18.0/s for the three: the pace must hold
+// within 10 %, with at most one burst above it, wherever the latency sits
+// around the timeout.
+func TestLinkNearTimeout(t *testing.T) {
+	for _, c := range []struct{ lo, hi time.Duration }{
+		{30 * time.Millisecond, 80 * time.Millisecond},  // about half in time (issue 27)
+		{40 * time.Millisecond, 100 * time.Millisecond}, // most late
+	} {
+		t.Run(fmt.Sprintf("%v-%v", c.lo, c.hi), func(t *testing.T) {
+			t.Parallel()
+			linkNearTimeout(t, c.lo, c.hi)
+		})
+	}
+}
+
+func linkNearTimeout(t *testing.T, lo, hi time.Duration) {
+	srv := redistest.StartT(t)
+	host := newFleetHost(t)
+	// The link slows once every process has been counted with its full
+	// share, as in TestSlowLink.
+	const slow, total = 2 * time.Second, 8 * time.Second
+	var members []*member
+	var proxies []*redistest.Proxy
+	for range 3 {
+		p := redistest.StartProxy(t, srv.Addr)
+		proxies = append(proxies, p)
+		members = append(members, &member{addr: p.Addr, warm: true, opts: []redislimit.Option{redislimit.WithTimeout(redislimit.DefaultTimeout)}})
+	}
+	start := runFleet(t, host, testPrefix(t), total, members, event{slow, func() error {
+		for _, p := range proxies {
+			p.SetLatency(lo, hi)
+		}
+		return nil
+	}})
+	ts := host.served()
+	t.Logf("per second: %s", perSecond(ts, start, total))
+	host.members(t, start, total)
+	// From the slowing on: the start, at a 50 ms timeout on a loaded
+	// machine, is another matter (a process's first calls can time out
+	// while it is alone in Redis's count).
+	checkBusiest(t, "on the slow link", ts, start, start.Add(slow), start.Add(total))
+	late := between(ts, start.Add(slow+time.Second), start.Add(total))
+	rate := float64(len(late)) / (total - slow - time.Second).Seconds()
+	t.Logf("%.1f/s on the link near the timeout, after its first second", rate)
+	if rate < 0.9*pace || rate > 1.1*pace {
+		t.Errorf("%.1f/s on the link near the timeout, want the pace of %d/s within 10%%", rate, pace)
+	}
+}
