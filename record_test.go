@@ -78,3 +78,29 @@ type fixedClock struct{ t time.Time }
 func (c fixedClock) Now() time.Time { return c.t }
 
 func (c fixedClock) Sleep(ctx context.Context, d time.Duration) error { return ctx.Err() }
+
+// TestInstantSaturates: a record's moments saturate as time.Time's do, so
+// that a remote value (a reset two centuries away, as a fuzzed header said
+// it, which hung a request before) is a moment after every other, not one
+// that wraps to before them all.
+func TestInstantSaturates(t *testing.T) {
+	epoch := time.Unix(1e9, 0)
+	m := newModel(1, &epoch, epoch)
+	now := m.at(epoch)
+	far := now.Add(229 * 365 * 24 * time.Hour).Add(229 * 365 * 24 * time.Hour)
+	if !far.After(now) || far.Sub(now) <= 0 {
+		t.Errorf("now + 458 years = %d, not after now (%d): it wrapped", far, now)
+	}
+	if back := now.Add(-290 * 365 * 24 * time.Hour); !back.Before(now) || now.Sub(back) <= 0 {
+		t.Errorf("now - 290 years = %d, not before now (%d)", back, now)
+	}
+	if got := m.at(epoch.Add(250 * 365 * 24 * time.Hour)); !got.After(now) {
+		t.Errorf("250 years ahead as an instant: %d, not after now (%d)", got, now)
+	}
+	if got := m.time(m.at(epoch.Add(time.Hour))); !got.Equal(epoch.Add(time.Hour)) {
+		t.Errorf("an hour ahead, there and back: %v, want %v", got, epoch.Add(time.Hour))
+	}
+	if m.at(time.Time{}) != 0 || !m.time(0).IsZero() {
+		t.Error("the zero time and the zero instant are not each other's")
+	}
+}
