@@ -677,29 +677,3 @@ func (t *Transport) park(ctx context.Context, host string, now time.Time, d time
 	}
 	return until
 }
-
-// HostPace returns the pace in force for host (a host name, host:port or
-// URL, as WithHostPace takes): the configured one, or slower when the
-// Transport has learned the host takes less. An unlimited Pace means the
-// host is not paced by a rate (it may be held to a limit in flight: see
-// HostStatus). For logs and metrics.
-func (t *Transport) HostPace(ctx context.Context, host string) (Pace, error) {
-	host = normalizeHostOption(host)
-	configured := t.paceFor(host)
-	st, err := t.limiter.Learn(ctx, host, Signal{Now: t.clock.Now(), Reset: -1, Remaining: -1})
-	if err != nil {
-		return configured, err
-	}
-	return configured.min(st.Pace), nil
-}
-
-// HostStatus returns what the Transport knows of host (a host name,
-// host:port or URL, as WithHostPace takes): healthy, failing, overloaded,
-// down or recovering, since when, and the pace or limit in flight it
-// learned. For logs, metrics and health checks.
-func (t *Transport) HostStatus(ctx context.Context, host string) (HostStatus, error) {
-	host = normalizeHostOption(host)
-	st, err := t.limiter.Learn(ctx, host, Signal{Now: t.clock.Now(), Reset: -1, Remaining: -1})
-	st.Host = host
-	return st, err
-}
