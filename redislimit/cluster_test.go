@@ -429,7 +429,11 @@ func TestCluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d := res.ParkedUntil.Sub(parked); res.ParkedUntil.IsZero() || d < -50*time.Millisecond || d > 50*time.Millisecond {
+		// Within 200 ms of the parking set: the processes that met the
+		// 503 park the host each from its own answer, up to a few tens of
+		// milliseconds apart on the real clock (50.3 ms once, under -race
+		// in a clean-clone CI run), and the latest stands.
+		if d := res.ParkedUntil.Sub(parked); res.ParkedUntil.IsZero() || d < -200*time.Millisecond || d > 200*time.Millisecond {
 			t.Errorf("a new process sees host 0 as %+v, want parked until %v", res, parked)
 		}
 	})
