@@ -499,69 +499,6 @@ func TestConfiguredPaceBrokenReplicaNotDown(t *testing.T) {
 	}
 }
 
-// TestPaceOfOneAHoldGrows: a pace cut to its floor, one attempt a hold
-// (an outage of bare 503s taken for overload), grows again once the host
-// serves. The requests waiting for it are told to ask again nearer their
-// slot, and only the one whose slot came within the horizon counted as
-// waiting: one a hold apart, never within one, so the pace never bound,
-// and stayed at 1/s for the minute until it was forgotten (the
-// simulator's outage503:76: 2.2x its ideal, a call of 64 s).
-func TestPaceOfOneAHoldGrows(t *testing.T) {
-	const host = "floor.test:443"
-	ctx := context.Background()
-	now := time.Unix(1e9, 0)
-	l := newLocalLimiter(fixedClock{now})
-	if _, err := l.Learn(ctx, host, Signal{Now: now, Status: 500, Reset: -1, Remaining: -1}); err != nil {
-		t.Fatal(err)
-	}
-	m := l.shards[shardOf(hostHash(host))].hosts[host].model
-	m.state, m.lastTrouble = HostOverloaded, m.at(now)
-	m.ctl = control{rate: 1, burst: 1, step: probeStep, grownAt: m.at(now.Add(-time.Second))}
-	// Ten callers, each with a page every 2.5 s: each asks, waits what it
-	// is told, and is served 20 ms after it sends. So every ask but the
-	// first few is one told to ask again, and the pace's checks fall on
-	// its slots, a hold apart, as a backlog of a busy client's does.
-	next := make([]time.Time, 10)
-	for i := range next {
-		next[i] = now
-	}
-	end := now.Add(20 * time.Second)
-	for range 100_000 {
-		i := 0
-		for j := range next {
-			if next[j].Before(next[i]) {
-				i = j
-			}
-		}
-		at := next[i]
-		if !at.Before(end) {
-			break
-		}
-		res, err := l.Reserve(ctx, Attempt{Host: host, Now: at, Pace: Pace{Limit: rate.Inf}})
-		switch {
-		case err != nil:
-			t.Fatal(err)
-		case !res.AskAgain.IsZero():
-			next[i] = res.AskAgain
-		case res.OK:
-			sent := at.Add(res.Delay)
-			if res.Report {
-				l.Learn(ctx, host, Signal{Now: sent.Add(20 * time.Millisecond), Ticket: res.Ticket, Status: 200,
-					Latency: 20 * time.Millisecond, Reset: -1, Remaining: -1})
-			}
-			next[i] = sent.Add(2500 * time.Millisecond)
-		default:
-			next[i] = at.Add(max(res.Delay, time.Millisecond))
-		}
-	}
-	st, _ := l.Learn(ctx, host, Signal{Now: end})
-	// The callers ask 4 a second; growing every hold while it binds (5 %,
-	// then 15 %, 45 %, doubling after), the pace is past that within 20 s.
-	if st.Pace.Limit < 4 {
-		t.Errorf("after 20 s of callers waiting for it, the pace is %v (%v), want at least the 4/s they ask", st.Pace.Limit, st.State)
-	}
-}
-
 // TestBare503BehindLimiterNotLoad: a token bucket that refuses with 429
 // in front of a replica whose bare 503s fail two in five of what it serves.
 // The 503s are not the limiter's (it says 429): they are no reason to pace

@@ -268,12 +268,8 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 	}
 	m.syncQuota(st, pace, a.Now)
 	res := s.reserve(st, a, pace, horizonFor(pace, a.Pace))
-	if (res.Delay > 0 || !res.AskAgain.IsZero()) && pace != a.Pace {
-		// A request waits for the learned pace, or is told to ask again
-		// nearer its slot: it binds. (Counting only the waits of those
-		// whose slot is within the horizon, a pace of one a hold saw its
-		// one wait a hold apart, never within one: it never grew.)
-		m.ctl.busyAt = now
+	if res.Delay > 0 && pace != a.Pace {
+		m.ctl.busyAt = now // a request waits for the learned pace: it binds
 	}
 	if !res.OK {
 		return res, nil
