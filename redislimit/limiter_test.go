@@ -26,7 +26,10 @@ func reserve(t *testing.T, l *redislimit.Limiter, p retryhttp.Pace, now, latest 
 // on Redis's clock gets the time of the round trip added.
 func near(t *testing.T, what string, got, want, slack time.Duration) {
 	t.Helper()
-	if got > want+2*time.Millisecond || got < want-slack {
+	// Above by up to 10 ms: a delay counted by Redis's clock, read a
+	// round trip after the local one, comes out a little long under -race
+	// on shared cores (102-105 ms for 100, at 260931f too).
+	if got > want+10*time.Millisecond || got < want-slack {
 		t.Errorf("%s = %v, want %v (within %v below)", what, got, want, slack)
 	}
 }
