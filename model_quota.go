@@ -36,6 +36,7 @@ type quota struct {
 	probing   bool // a reset passed, and no answer since told its kind
 	counts    bool // it slides, with a reset that stays put: a count of the window before, not a bucket
 	restarts  bool // seen whole again within half a window of spent: a window that starts anew
+	tight     bool // it slides, and refused a pace at its rate: it counts whole requests (a log), not a bucket's refill
 	renewed   bool // it replaced another announcement: the old pace's schedule goes
 	// When the quota is first announced, or its window first seen to
 	// slide, what it said remains: the pace's burst is charged with what
@@ -54,13 +55,19 @@ type quota struct {
 	spare   bool
 	beyond  bool // spare was seen under a pace that bound: the announced rate is a floor, not a cap
 	deep    bool // an answer said more remain than the limit
+	// shown is the window the host's own count shows, when no header
+	// names one (see countWindow); zero: none shown.
+	shown   int32   // in seconds
+	lowRate float32 // the pace when the window low counts over began
 }
 
-// watchSpare takes in what an answer says remains.
-func (q *quota) watchSpare(left int32, now instant) {
+// watchSpare takes in what an answer says remains, and returns the fewest
+// said over the window that ended with it; -1 when none ended.
+func (q *quota) watchSpare(left int32, now instant) (low int32) {
+	low = -1
 	if q.lowFrom.IsZero() {
 		q.low, q.lowFrom = left, now
-		return
+		return low
 	}
 	q.low = min(q.low, left)
 	// More left than the limit after a request: the limit is the rate of
@@ -69,8 +76,30 @@ func (q *quota) watchSpare(left int32, now instant) {
 	q.deep = q.deep || left >= q.limit
 	if now.Sub(q.lowFrom) >= max(q.window, holdTime) {
 		q.spare = !q.deep && q.low >= 1 && 2*q.low >= q.limit
+		low = q.low
 		q.low, q.lowFrom = left, now
 	}
+	return low
+}
+
+// countWindow is the window a host's count shows under a pace at rate
+// that bound for a whole window, when no header names it: a window is
+// inferred from the longest reset seen, said in whole seconds, and comes
+// out up to a second long (a 1 s window read as 2 s halves the pace). A
+// window that slides as it goes (a log; its reset moves) over W, held
+// all that window at rate, holds rate·W attempts at every instant, so
+// the fewest said to remain over a window (low) shows W as
+// (limit-low)/rate, to the nearest second. Zero when it shows nothing: a
+// window that ran out (a fixed window spent at its end does that at any
+// pace) or a pace that did not bind. The window is lowered by the second
+// its rounding may add, no more: a pace that bound for only part of the
+// window sent less than its rate, and shows a window too short.
+func (q *quota) countWindow(low int32, rate float64) time.Duration {
+	if low < 2 || q.deep || rate <= 0 || math.IsInf(rate, 1) {
+		return 0
+	}
+	w := time.Duration(float64(q.limit-low) / rate * float64(time.Second)).Round(time.Second)
+	return max(w, time.Second)
 }
 
 func (q *quota) active() bool { return q != nil && q.limit > 0 }
@@ -110,9 +139,21 @@ func (q *quota) paceRate() float64 {
 		return float64(q.limit) / (q.window + q.window/paceMargin).Seconds()
 	case q.counts && q.window > resetSlack && q.limit > 1:
 		return float64(q.limit-1) / q.window.Seconds()
+	case q.tight:
+		return float64(q.limit) / (q.window + q.window/time.Duration(2*q.limit)).Seconds()
 	}
 	return q.perSecond()
 }
+
+// A log (every request of the last window counted) paced at exactly its
+// rate meets, at each attempt, the one sent a window before, still counted
+// when the two are a hair closer than a window apart: it refuses, names
+// the moment that one leaves, and the host is parked until then, a
+// second or more each time. A token bucket, refilling as it goes, never
+// refuses a pace at its rate. So a window that slides and refuses a pace
+// at its rate is tight: its pace is stretched by half an interval a
+// window, which keeps attempts a window apart through that much jitter
+// (as phaseRefusal shifts a count's), for a share 1/(2·limit) of the rate.
 
 // spareGrowth is how much a pace grows each hold past an announced rate
 // while the host says it has more (quota.spare).
@@ -254,6 +295,9 @@ func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 		if sig.Reset > 0 {
 			window = max(window, sig.Reset.Round(time.Second), time.Second)
 		}
+		if q.shown > 0 && limit == q.limit {
+			window = min(window, time.Duration(q.shown)*time.Second)
+		}
 	}
 	if q.limit != limit || (sig.Window > 0 && q.window != sig.Window) {
 		// A new announcement replaces the old, and so does the pace's
@@ -272,6 +316,14 @@ func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 	q.limit, q.window = limit, window
 	if sig.Refused && sig.Wait > 0 {
 		q.named = now.Add(sig.Wait)
+	}
+	if sig.Refused && !q.counts && !q.restarts && !q.tight && !m.fresh(now) {
+		if p := float64(m.pace().Limit); p >= cutShare*q.perSecond() && p <= q.perSecond()/cutShare {
+			q.tight = true
+			if m.ctl.rate > q.paceRate() {
+				m.setRate(ev, q.paceRate(), now)
+			}
+		}
 	}
 	if !q.resetAt.IsZero() && !now.Before(q.resetAt) {
 		q.roll(now) // the answer is of the window after the reset
@@ -306,7 +358,15 @@ func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 		q.probing = false
 	}
 	if left >= 0 {
-		q.watchSpare(left, now)
+		if low := q.watchSpare(left, now); low >= 0 {
+			r := float32(m.pace().Limit)
+			if sig.Window <= 0 && q.sliding && !q.counts && r == q.lowRate && now.Sub(m.ctl.busyAt) < holdTime {
+				if w := q.countWindow(low, float64(r)); w > 0 && w < q.window && w >= q.window-time.Second {
+					q.shown, q.window = int32(w/time.Second), w
+				}
+			}
+			q.lowRate = r
+		}
 		q.restarted(left, sig.Reset, now)
 		// What was in flight when the host counted is taken from it too.
 		q.remaining, q.taken, q.at = left-m.inflight, 0, now

@@ -384,6 +384,10 @@ func simDraws(t *testing.T) int {
 	return 200
 }
 
+// simLogAll (SIM_ALL=1) logs every miss of a known family, not only the
+// first of each kind: to see which parameters the misses share.
+var simLogAll = os.Getenv("SIM_ALL") != ""
+
 func TestSim(t *testing.T) {
 	replayFamily, replaySeed, replay := "", uint64(0), false
 	if v := os.Getenv("SIM_SEED"); v != "" {
@@ -453,7 +457,7 @@ func simFamilyRun(t *testing.T, fam simFamily, draws int) {
 		switch {
 		case !isKnown:
 			t.Error(msg)
-		case kinds[kind] == 1:
+		case kinds[kind] == 1 || simLogAll:
 			t.Log(msg) // the first of each kind, to see the typical miss
 		}
 	}
