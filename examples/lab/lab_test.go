@@ -42,7 +42,7 @@ func TestPages(t *testing.T) {
 	check(t, "naive, ask again at once", PagesNaive(false), want{301, 281, 20, "15.1 s"}, secs)
 	check(t, "naive, obey Retry-After", PagesNaive(true), want{34, 14, 20, "15.7 s"}, secs)
 	// Unpaced but learning from the 429s: fewer refused than obeying alone.
-	check(t, "retryhttp, unpaced", PagesRetryhttp(false), want{24, 4, 20, "15.8 s"}, secs)
+	check(t, "retryhttp, unpaced", PagesRetryhttp(false), want{24, 4, 20, "15.5 s"}, secs)
 	paced := PagesRetryhttp(true)
 	check(t, "retryhttp, WithPace(0.9, 3)", paced, want{20, 0, 20, "18.9 s"}, secs)
 	if paced.Done > 19*time.Second {

@@ -1,0 +1,33 @@
+package retryhttp
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// A pace of one a hold or slower makes each waiter wait about an interval
+// (told to ask again a horizon before its slot), so the latest wait was
+// often a hold old when the pace was checked: it was never seen to bind,
+// never grown, and held until the record was forgotten. A bucket of 3 a
+// second cut to 1 a second by its first burst served 79 pages in 70 s
+// (bucket429:44 of the simulator), and an outage of bare 503s taken for
+// overload left its host at 1 a second with calls of a minute
+// (outage503:76). Seen to bind, it grows: within 2x, where it took 2.7x
+// (the property's 1.3x is still missed by how slowly a pace cut by a
+// burst grows back).
+func TestSlowPaceSeenToBind(t *testing.T) {
+	h := &simBucketCfg{rate1: 3, burst: 1, code: 429, lat: 27 * time.Millisecond}
+	const pages = 79
+	d := simDraw{
+		mk:    func() simHost { return &simBucketHost{simBucketCfg: *h} },
+		pages: pages, workers: 2, ideal: simIdealPaced(float64(pages-1)/3, pages, 2, h.lat),
+		slow: 2, need: pages, minGot: pages,
+	}
+	for seed := range uint64(5) {
+		r := runSim(t, d, seed, false)
+		if miss := simCheck(d, r); len(miss) > 0 {
+			t.Errorf("seed %d: %s", seed, strings.Join(miss, "; "))
+		}
+	}
+}
