@@ -166,9 +166,15 @@ func (m *hostModel) overload(ev *changes, sig *Signal, tracked bool, load int, o
 	case m.phaseRefusal(sig, sent):
 		m.lastLoad = lastLoad
 		return
-	case c.rate > 0 && c.rate <= nearShare*c.ceil && m.noise(now, sent):
+	case c.rate > 0 && c.rate <= nearShare*c.ceil && m.noise(now, sent) && sig.Wait <= 0:
+		// A lone refusal, among many accepted, at a pace the host took
+		// before. Not one that names a wait: it parks the host, and the
+		// next refusal comes a wait later, lone again, however often
+		// the host refuses (a bucket fallen from 14/s to 8/s, paced at
+		// 11.8/s, refused one request a second, each parking the host a
+		// second, for four minutes: capacityChange:7 of the simulator).
 		m.lastLoad = lastLoad
-		return // a lone refusal, among many accepted, at a pace the host took before
+		return
 	case c.rate > 0 && m.exShare > 0 && !m.beyondChance(now):
 		m.lastLoad = lastLoad
 		return // refusals at the share it refuses whatever the load

@@ -31,3 +31,26 @@ func TestSlowPaceSeenToBind(t *testing.T) {
 		}
 	}
 }
+
+// A lone refusal at a pace the host took before is noise, but not one that
+// names a wait: it parks the host for that wait, so the next refusal comes
+// a wait later and looks lone too, however often the host refuses. A bucket
+// announcing its rate, fallen from 14/s to 8/s under a pace of 11.8/s,
+// refused one request a second, each parking the host a second, for four
+// minutes: 29 pages lost and 6.6x the ideal (capacityChange:7 of the
+// simulator). Such a refusal is cut for.
+func TestParkingRefusalIsNotNoise(t *testing.T) {
+	h := &simBucketCfg{rate1: 14, rate2: 8, change: 23600 * time.Millisecond, burst: 1, code: 429, headers: simIETF, lat: 36 * time.Millisecond}
+	const pages = 461
+	d := simDraw{
+		mk:    func() simHost { return &simBucketHost{simBucketCfg: *h} },
+		pages: pages, workers: 6, ideal: 39813 * time.Millisecond,
+		slow: 2, need: pages, minGot: pages,
+	}
+	for seed := range uint64(3) {
+		r := runSim(t, d, seed, false)
+		if miss := simCheck(d, r); len(miss) > 0 {
+			t.Errorf("seed %d: %s", seed, strings.Join(miss, "; "))
+		}
+	}
+}
