@@ -207,6 +207,10 @@ func TestSimIdealClient(t *testing.T) {
 			w := h.(*simWindowHost)
 			return time.Duration(i/w.limit) * w.window
 		}},
+		{"slidingWeighted", func(h simHost, i int) time.Duration {
+			w := h.(*simWindowHost)
+			return simWeightedAt(i, w.limit, w.window)
+		}},
 		{"slidingLog", func(h simHost, i int) time.Duration {
 			w := h.(*simWindowHost)
 			return time.Duration(i/w.limit) * w.window
