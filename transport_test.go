@@ -728,6 +728,12 @@ func (memBase) RoundTrip(req *http.Request) (*http.Response, error) {
 func BenchmarkRoundTrip(b *testing.B) {
 	get, _ := http.NewRequest("GET", "http://api.test/v1/x", nil)
 	post, _ := http.NewRequest("POST", "http://api.test/v1/x", strings.NewReader(strings.Repeat("x", 1024)))
+	// The same in-memory base behind a plain *http.Transport (the scheme
+	// "mem" goes straight to it): the default configuration's kind of
+	// base, which needs no nesting mark.
+	tr := &http.Transport{}
+	tr.RegisterProtocol("mem", memBase{})
+	memGet, _ := http.NewRequest("GET", "mem://api.test/v1/x", nil)
 	for _, bc := range []struct {
 		name string
 		rt   http.RoundTripper
@@ -735,6 +741,8 @@ func BenchmarkRoundTrip(b *testing.B) {
 	}{
 		{"GET/bare", memBase{}, get},
 		{"GET/retryhttp", New(WithBase(memBase{})), get},
+		{"GET/bare-transport", tr, memGet},
+		{"GET/retryhttp-transport", New(WithBase(tr)), memGet},
 		{"GET/retryhttp-nested-mark", New(WithBase(&countingBase{base: memBase{}})), get},
 		{"GET/retryhttp-record", withRecord(b, get), get},
 		{"POST/bare", memBase{}, post},
