@@ -31,7 +31,7 @@ type Transport struct {
 	// sent counts this Transport's attempts, all hosts, in one-second
 	// buckets, when it has no budget to count its first tries: what a host
 	// that starts refusing can have got at most.
-	sent counter
+	sent lazyCounter
 	// inflight counts this Transport's attempts waiting for their
 	// headers, all hosts: what a host that just got a record can have of
 	// ours on its way at most (Signal.InFlight).
@@ -103,13 +103,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // outer.
 func (t *Transport) roundTripOnce(req *http.Request) (*http.Response, error) {
 	c := call{t: t, req: req, ctx: req.Context(), retryIf: t.retryIf, attemptTimeout: t.attemptTimeout, nested: true}
-	now := t.clock.Now()
-	c.adm.at = now
-	if !t.admitted(now) {
-		var err error
-		if c.adm, err = t.admit(c.ctx, c.hostName(), now); err != nil {
-			closeBody(req)
-			return nil, err
+	if !t.calm(&c) {
+		now := t.clock.Now()
+		c.adm.at = now
+		if !t.admitted(now) {
+			var err error
+			if c.adm, err = t.admit(c.ctx, c.hostName(), now); err != nil {
+				closeBody(req)
+				return nil, err
+			}
 		}
 	}
 	if t.markNested {
@@ -169,17 +171,26 @@ func (c *call) run() (*http.Response, error) {
 	if c.replay != nil {
 		defer c.replay.finish()
 	}
-	now := t.clock.Now()
-	c.start, c.adm.at = now, now
-	if !t.admitted(now) {
-		var err error
-		if c.adm, err = t.admit(c.ctx, c.hostName(), now); err != nil {
-			closeBody(c.req)
-			return nil, err
+	if t.calm(c) {
+		// Nothing held for any host: admitted at once, and no clock read
+		// (calm.go). c.start and c.adm.at stay zero until an answer needs
+		// them (observe).
+		if t.budget != nil {
+			t.budget.recordFirstUndated(t.clock)
 		}
-	}
-	if t.budget != nil {
-		t.budget.recordFirst(c.adm.at) // when the try is made, not when RoundTrip was called
+	} else {
+		now := t.clock.Now()
+		c.start, c.adm.at = now, now
+		if !t.admitted(now) {
+			var err error
+			if c.adm, err = t.admit(c.ctx, c.hostName(), now); err != nil {
+				closeBody(c.req)
+				return nil, err
+			}
+		}
+		if t.budget != nil {
+			t.budget.recordFirst(c.adm.at) // when the try is made, not when RoundTrip was called
+		}
 	}
 	areq := c.base
 	for n := 1; ; n++ {
@@ -187,7 +198,11 @@ func (c *call) run() (*http.Response, error) {
 			a     answer
 			plain bool
 		)
-		if d := c.hedgeAfter(); n == 1 && d > 0 {
+		var d time.Duration
+		if n == 1 && t.hedging {
+			d = c.hedgeAfter()
+		}
+		if d > 0 {
 			a, plain = c.hedged(areq, d)
 			n = a.n
 		} else {
@@ -257,8 +272,13 @@ func (c *call) send(req *http.Request, n int, now time.Time) (*http.Response, er
 	}
 	if (t.budget == nil || c.nested) && !t.noLearning {
 		// The budget counts first tries otherwise (see sentLastSecond);
-		// a nested call's first tries are the outer's to count.
-		t.sent.add(now)
+		// a nested call's first tries are the outer's to count. A calm
+		// call's first try has no time: it is counted undated.
+		if now.IsZero() {
+			t.sent.addUndated(t.clock)
+		} else {
+			t.sent.add(now)
+		}
 	}
 	return t.attempt(req, n, c.attemptTimeout)
 }
