@@ -32,3 +32,15 @@ func (t *Transport) calmSent(now time.Time) time.Time {
 	}
 	return now
 }
+
+// answeredAt reads the clock for the answer of an attempt sent at sent: on
+// the real clock, from the monotonic clock alone (time.Since, about half
+// the cost of a time.Now), as sent plus the time since; the wall reading
+// is sent's, moved on by as much. Inside a synctest bubble, and on any
+// other Clock, it is the clock's reading.
+func (t *Transport) answeredAt(sent time.Time) time.Time {
+	if t.mono && !sent.IsZero() {
+		return sent.Add(time.Since(sent))
+	}
+	return t.clock.Now()
+}

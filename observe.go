@@ -34,7 +34,7 @@ func (c *call) observe(a *answer) bool {
 			return false
 		}
 	}
-	now := t.clock.Now()
+	now := t.answeredAt(a.adm.at)
 	a.now = now
 	if a.adm.at.IsZero() {
 		// Sent while the Transport was calm, undated (calm.go).

@@ -36,6 +36,10 @@ type Transport struct {
 	// headers, all hosts: what a host that just got a record can have of
 	// ours on its way at most (Signal.InFlight).
 	inflight atomic.Int64
+	// mono says the clock is the real one: an answer's time is then read
+	// from the monotonic clock alone, counted from its attempt's send
+	// (answeredAt).
+	mono bool
 	// latencies are the hosts' recent latencies, for a learned hedge
 	// delay (WithHedging(0)); nil otherwise.
 	latencies *latencyTable
@@ -48,6 +52,7 @@ type Transport struct {
 // goroutine.
 func New(opts ...Option) *Transport {
 	t := &Transport{config: newConfig(opts)}
+	_, t.mono = t.clock.(realClock)
 	if t.hedging && t.hedgeDelay == 0 {
 		t.latencies = newLatencyTable()
 	}
