@@ -11,10 +11,12 @@ import "time"
 
 // calm reports, with one atomic load, that the Transport holds nothing for
 // any host, so that an attempt made now is admitted without a clock
-// reading. A configured pace, another Limiter, an attempt timeout or
-// hedging, all of which time the attempt, make no call calm.
+// reading. A configured pace, another Limiter, an attempt timeout or a
+// learned hedge delay, all of which time the attempt, make no call calm; a
+// fixed hedge delay does not time the first attempt (a hedge reads the
+// clock when it fires).
 func (t *Transport) calm(c *call) bool {
-	return t.free != nil && t.free.entries.Load() == 0 && !t.hedging && c.attemptTimeout == 0
+	return t.free != nil && t.free.entries.Load() == 0 && t.latencies == nil && c.attemptTimeout == 0
 }
 
 // calmSent is, read at now, the latest moment an attempt sent while the

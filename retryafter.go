@@ -196,8 +196,8 @@ var (
 // one of tokens, says what remains of its requests too, so the remaining
 // count of requests of each family is enough.
 func quotaHeaders(h http.Header) bool {
-	return len(h) != 0 && len(h["X-Ratelimit-Remaining"]) > 0 || len(h["Ratelimit-Remaining"]) > 0 || len(h["Ratelimit"]) > 0 ||
-		len(h["X-Ratelimit-Remaining-Requests"]) > 0 || len(h["Anthropic-Ratelimit-Requests-Remaining"]) > 0
+	return len(h) != 0 && (len(h["X-Ratelimit-Remaining"]) > 0 || len(h["Ratelimit-Remaining"]) > 0 || len(h["Ratelimit"]) > 0 ||
+		len(h["X-Ratelimit-Remaining-Requests"]) > 0 || len(h["Anthropic-Ratelimit-Requests-Remaining"]) > 0)
 }
 
 // mayLimitScan is the most headers mayLimit reads the names of: past it,
