@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -192,9 +193,18 @@ func costURL(url, host string) string {
 	return "http://" + host + "/x"
 }
 
-func benchCost(b *testing.B, row costRow, kind string, l costLib) {
-	var n atomic.Int64
-	base := &costBase{answer: row.answer, n: &n}
+// costSetup is a library made ready for a row over a base of the given
+// kind: its doer, warmed up, the request it sends, and the count of
+// requests that reached the base.
+type costSetup struct {
+	d   doer
+	req *http.Request
+	n   *atomic.Int64
+}
+
+func newCostSetup(b *testing.B, row costRow, kind string, l costLib) costSetup {
+	n := new(atomic.Int64)
+	base := &costBase{answer: row.answer, n: n}
 	var rt http.RoundTripper = base
 	url := "http://mem.test/x"
 	if kind == "memtr" {
@@ -206,27 +216,83 @@ func benchCost(b *testing.B, row costRow, kind string, l costLib) {
 	if row.warm != nil {
 		row.warm(b, d, url)
 	}
-	before := n.Load()
 	req, _ := http.NewRequest("GET", url, nil)
+	return costSetup{d: d, req: req, n: n}
+}
+
+// do is one operation, which must end in a 200.
+func (s costSetup) do(b *testing.B) {
+	resp, err := s.d(s.req, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		b.Fatalf("status %d", resp.StatusCode)
+	}
+	drainClose(resp)
+}
+
+func benchCost(b *testing.B, row costRow, kind string, l costLib) {
+	s := newCostSetup(b, row, kind, l)
+	before := s.n.Load()
 	b.ReportAllocs()
 	ops := int64(0)
 	cpu := cpuTime()
 	for b.Loop() {
-		resp, err := d(req, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if resp.StatusCode != 200 {
-			b.Fatalf("status %d", resp.StatusCode)
-		}
-		drainClose(resp)
+		s.do(b)
 		ops++
 	}
 	b.StopTimer()
 	reportCPU(b, cpu, ops)
-	if got, want := n.Load()-before, ops*row.attempts; got != want {
+	if got, want := s.n.Load()-before, ops*row.attempts; got != want {
 		b.Fatalf("%d requests reached the base for %d operations, want %d", got, ops, want)
 	}
+}
+
+// BenchmarkCostAdded is BenchmarkCost's rows paired with the bare client,
+// as BenchmarkAddedGET pairs a GET: each round times a block of the row's
+// operations through the bare client and a block through the library, back
+// to back in alternating order, and added-ns/op is the median over rounds
+// of the difference per operation. On a shared machine it is the steadiest
+// of the figures; run it without -benchmem.
+func BenchmarkCostAdded(b *testing.B) {
+	for _, row := range costRows {
+		b.Run("row="+row.name, func(b *testing.B) {
+			for _, kind := range []string{"mem", "memtr"} {
+				b.Run("base="+kind, func(b *testing.B) {
+					for _, l := range row.libs[1:] {
+						b.Run("lib="+l.name, func(b *testing.B) { benchCostAdded(b, row, kind, l) })
+					}
+				})
+			}
+		})
+	}
+}
+
+func benchCostAdded(b *testing.B, row costRow, kind string, l costLib) {
+	const block = 200
+	bare, lib := newCostSetup(b, row, kind, row.libs[0]), newCostSetup(b, row, kind, l)
+	run := func(s costSetup) time.Duration {
+		start := time.Now()
+		for range block {
+			s.do(b)
+		}
+		return time.Since(start)
+	}
+	var diffs []float64
+	for b.Loop() {
+		var tbare, tlib time.Duration
+		if len(diffs)%2 == 0 {
+			tbare, tlib = run(bare), run(lib)
+		} else {
+			tlib, tbare = run(lib), run(bare)
+		}
+		diffs = append(diffs, float64(tlib-tbare)/block)
+	}
+	b.StopTimer()
+	slices.Sort(diffs)
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(diffs[len(diffs)/2], "added-ns/op")
 }
 
 // costBase answers from memory as its row says, counting the requests of
