@@ -153,6 +153,9 @@ type call struct {
 	// lat is the host's latencies, for a learned hedge delay, found by
 	// hedgeAfter: the first attempt's answer is added to them.
 	lat *hostLatencies
+	// spare is the hedger made with the marked request (newMarked), for
+	// hedged to use.
+	spare *hedger
 }
 
 // hostName is the host the call goes to, made on first use: the success
@@ -464,7 +467,8 @@ func (c *call) prepare() {
 		// Marked for the Transport of ours that may lie behind this
 		// unknown base; only this request, not others made with its
 		// context (an auth wrapper fetching a token), is nested for it.
-		marked = &markedRequest{ctx: passedDownCtx{Context: ctx, method: methodOf(req), url: req.URL}}
+		marked = c.newMarked()
+		marked.ctx = passedDownCtx{Context: ctx, method: methodOf(req), url: req.URL}
 		ctx = &marked.ctx
 	}
 	if ResendCount(ctx) != 0 {
