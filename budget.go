@@ -41,7 +41,7 @@ type Budget struct {
 	ratio   uint64 // retries earned per first try, in millionths
 	reserve uint64 // retries granted per window regardless, in millionths
 
-	firsts counter
+	firsts lazyCounter
 
 	mu      sync.Mutex
 	retries [budgetBuckets]uint64 // (second << 32) | count, guarded by mu
@@ -78,6 +78,10 @@ func fixed(f float64) uint64 {
 
 // recordFirst counts a first try, made at now.
 func (b *Budget) recordFirst(now time.Time) { b.firsts.add(now) }
+
+// recordFirstUndated counts a first try made now, reading clk only to date
+// the batch it joins (see lazyCounter).
+func (b *Budget) recordFirstUndated(clk Clock) { b.firsts.addUndated(clk) }
 
 // canRetry reports whether the window has a retry to give now, spending
 // none.
@@ -134,17 +138,19 @@ type counter [budgetBuckets]atomic.Uint64
 // add counts an event at now. An event of a second that has left the
 // window, which a late caller can bring, is dropped: it never overwrites a
 // bucket of a later second.
-func (c *counter) add(now time.Time) {
-	sec := uint64(uint32(now.Unix()))
+func (c *counter) add(now time.Time) { c.addSec(uint64(uint32(now.Unix())), 1) }
+
+// addSec counts n events in the second sec (Unix seconds, as uint32).
+func (c *counter) addSec(sec, n uint64) {
 	slot := &c[sec%budgetBuckets]
 	for {
 		old := slot.Load()
 		var next uint64
 		switch {
 		case old>>32 == sec:
-			next = old + 1
+			next = old + n
 		case old>>32 < sec:
-			next = sec<<32 | 1
+			next = sec<<32 | n
 		default:
 			return
 		}
@@ -188,4 +194,95 @@ func inWindow(v, sec uint64) uint64 {
 		return 0
 	}
 	return v & math.MaxUint32
+}
+
+// lazyCounter is a counter whose events may come undated: the success
+// path reads no clock to count its request (a reading costs as much as
+// the rest of that path). Undated events wait in pending, in batches of
+// at most undatedBatch: the first of a batch reads the clock for when the
+// batch began, and the last reads it again and spreads the batch evenly
+// over the time between, as do the readers (sum, lastSecond) and dated
+// events when a batch is open. Steady traffic is counted as if each
+// event were dated; a burst inside a batch is smoothed over the batch's
+// time, at most undatedBatch-1 events of it, and never into a second
+// before its first event.
+type lazyCounter struct {
+	counter
+	pending atomic.Uint64 // undated events not yet spread
+	began   atomic.Int64  // Unix nanoseconds of the open batch's first event
+}
+
+// undatedBatch is how many undated events wait for a clock reading at
+// most: two readings every undatedBatch events.
+const undatedBatch = 64
+
+// add counts an event at now.
+func (c *lazyCounter) add(now time.Time) {
+	c.settle(now)
+	c.counter.add(now)
+}
+
+// addUndated counts an event made now, reading clk only for the first and
+// the last event of a batch.
+func (c *lazyCounter) addUndated(clk Clock) {
+	switch n := c.pending.Add(1); {
+	case n == 1:
+		c.began.Store(clk.Now().UnixNano())
+	case n >= undatedBatch:
+		c.settle(clk.Now())
+	}
+}
+
+// sum is the count over the ten seconds up to now, undated events
+// included.
+func (c *lazyCounter) sum(now time.Time) uint64 {
+	c.settle(now)
+	return c.counter.sum(now)
+}
+
+// lastSecond estimates the count over the second before now, undated
+// events included.
+func (c *lazyCounter) lastSecond(now time.Time) float64 {
+	c.settle(now)
+	return c.counter.lastSecond(now)
+}
+
+// settle spreads the open batch of undated events evenly over the time
+// from its first event to now, dropping the share of seconds that have
+// left the window.
+func (c *lazyCounter) settle(now time.Time) {
+	if c.pending.Load() == 0 {
+		return
+	}
+	from := c.began.Load()
+	n := c.pending.Swap(0)
+	if n == 0 {
+		return
+	}
+	to := now.UnixNano()
+	if from <= 0 || from > to {
+		from = to
+	}
+	last, first := to/int64(time.Second), from/int64(time.Second)
+	if last == first {
+		c.addSec(uint64(uint32(last)), n)
+		return
+	}
+	// Each second gets the share of the batch's time it holds: the count
+	// of events up to a moment grows evenly from from to to.
+	span := float64(to - from)
+	upTo := func(at int64) uint64 { return uint64(float64(n) * float64(at-from) / span) }
+	for sec := last; sec >= first && sec > last-budgetBuckets; sec-- {
+		lo, hi := max(from, sec*int64(time.Second)), to
+		if sec < last {
+			hi = (sec + 1) * int64(time.Second)
+		}
+		k := upTo(hi) - upTo(lo)
+		if sec == last {
+			k = n - upTo(lo) // what rounding left goes to the newest second
+		}
+		if k > 0 {
+			c.addSec(uint64(uint32(sec)), k)
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package retryhttp
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"testing/synctest"
@@ -188,3 +189,54 @@ func TestBudgetShared(t *testing.T) {
 }
 
 func nanf() float64 { var z float64; return z / z }
+
+// stepClock is a Clock that says what it is told.
+type stepClock struct{ now time.Time }
+
+func (c *stepClock) Now() time.Time                             { return c.now }
+func (c *stepClock) Sleep(context.Context, time.Duration) error { return nil }
+
+// TestLazyCounterUndated: first tries counted without a clock reading (the
+// calm success path) count as dated ones do within a second, and a batch
+// over several seconds is spread over them, never before its first event
+// and never past the window.
+func TestLazyCounterUndated(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	clk := &stepClock{now: t0}
+	b := NewBudget(0.1, 0)
+	for range 10 {
+		b.recordFirstUndated(clk)
+	}
+	if !b.tryRetry(t0) || b.tryRetry(t0) {
+		t.Error("10 undated first tries at 10 % should allow exactly one retry")
+	}
+
+	// A steady 10 a second for 6.3 s: the batch closes at its 64th event
+	// and is spread over its 6.3 s.
+	var c lazyCounter
+	for i := range undatedBatch {
+		clk.now = t0.Add(time.Duration(i) * 100 * time.Millisecond)
+		c.addUndated(clk)
+	}
+	now := clk.now
+	if got := c.sum(now); got != undatedBatch {
+		t.Errorf("sum %d, want %d", got, undatedBatch)
+	}
+	if got := c.lastSecond(now); got < 8 || got > 12 {
+		t.Errorf("last second %.1f, want about 10", got)
+	}
+
+	// An open batch read 30 s after its first event: spread over the 30 s,
+	// what falls before the window is not counted.
+	var d lazyCounter
+	clk.now = t0
+	for range 30 {
+		d.addUndated(clk)
+	}
+	if got := d.sum(t0.Add(30 * time.Second)); got < 9 || got > 11 {
+		t.Errorf("30 events over 30 s read at its end: %d in the window, want about 10", got)
+	}
+	if got := d.sum(t0.Add(30 * time.Second)); got > 11 {
+		t.Errorf("read again: %d", got)
+	}
+}

@@ -133,6 +133,26 @@ type hedger struct {
 	*hedgeSet      // made when the first hedge is due
 }
 
+// markedHedger is a hedged call's hedger and its request marked for an
+// unknown base, made in one allocation: a call over such a base then makes
+// one copy of its request (the hedger's first, on its own context) beside
+// the mark's, in one allocation with it.
+type markedHedger struct {
+	h hedger
+	m markedRequest
+}
+
+// newMarked makes the call's request marked for an unknown base; under
+// hedging, in one allocation with the hedger its first attempt may need.
+func (c *call) newMarked() *markedRequest {
+	if !c.t.hedging {
+		return new(markedRequest)
+	}
+	mh := new(markedHedger)
+	c.spare = &mh.h
+	return &mh.m
+}
+
 // hedgeSet is a hedged call's hedges, once one is due: a call answered
 // before its delay makes none.
 type hedgeSet struct {
@@ -151,8 +171,12 @@ type hedgeSet struct {
 // made, and whether it was a plain success.
 func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 	t := c.t
-	h := &hedger{t: t, lat: c.lat, base: req, req: c.req, key: c.key, retryIf: c.retryIf,
-		delay: delay, timeout: c.attemptTimeout, limit: int8(min(c.maxAttempts, hedgeInFlight))}
+	h := c.spare
+	if h == nil {
+		h = new(hedger)
+	}
+	h.t, h.lat, h.base, h.req, h.key, h.retryIf = t, c.lat, req, c.req, c.key, c.retryIf
+	h.delay, h.timeout, h.limit = delay, c.attemptTimeout, int8(min(c.maxAttempts, hedgeInFlight))
 	h.ctx.init(req.Context())
 	h.first = *req.WithContext(&h.ctx) // copied into the hedger: no request of its own
 	h.mu.Lock()                        // fire reads the timer, to set it again

@@ -34,8 +34,15 @@ func (c *call) observe(a *answer) bool {
 			return false
 		}
 	}
-	now := t.clock.Now()
+	now := t.answeredAt(a.adm.at)
 	a.now = now
+	if a.adm.at.IsZero() {
+		// Sent while the Transport was calm, undated (calm.go).
+		a.adm.at = t.calmSent(now)
+		if c.start.IsZero() {
+			c.start = a.adm.at
+		}
+	}
 	sig := Signal{Now: now, Ticket: a.adm.ticket, Latency: now.Sub(a.adm.at), Status: code, Reset: -1, Remaining: -1}
 	if resp == nil {
 		sig.Err, sig.Failed = a.err, true
@@ -75,7 +82,9 @@ func (c *call) sentBeforeRecord(sent time.Time) bool {
 		return false
 	}
 	if sent.IsZero() {
-		sent = c.t.clock.Now()
+		// Sent while no host held an entry (calm.go): before every
+		// record there is now.
+		return true
 	}
 	return sent.Sub(l.epoch).Nanoseconds() < l.freshUntil.Load()
 }

@@ -157,6 +157,12 @@ type localLimiter struct {
 	// swept, the next one's index (sweep.go).
 	sweepDue  atomic.Int64
 	sweepNext atomic.Uint32
+	// entries counts the hosts that hold an entry (a parking, a pace, a
+	// model): while it is zero, the success path reads no clock (calm).
+	// heldSince is when it last became non-zero, as monotonic nanoseconds
+	// since epoch: an attempt sent while it was zero was sent before.
+	entries   atomic.Int64
+	heldSince atomic.Int64
 	// filter tells a host without an entry without a lock, made with the
 	// first entry; perShard is the most entries a shard holds (maxHosts).
 	filter   atomic.Pointer[hostFilter]

@@ -75,7 +75,11 @@ type RetryError struct {
 	Method   string
 	URL      string // without query or user info
 	Attempts int
-	Elapsed  time.Duration
+	// Elapsed is the time from the first try's send to the end. A call
+	// begun while the Transport held nothing for any host read no clock
+	// before its first try (the success path's saving): its Elapsed runs
+	// from that try's answer, or from the first record made meanwhile.
+	Elapsed time.Duration
 	// Reason is why the last failure was not retried, when it could have
 	// been (a Reason constant); Final, when the error was of a kind no
 	// retry cures ("certificate error"), or retries were off.

@@ -135,6 +135,9 @@ func serverNow(h http.Header, now time.Time) time.Time {
 // ok is false when no header says a quota is spent, or no reset of one is
 // usable.
 func quotaReset(h http.Header, now time.Time) (wait time.Duration, ok bool) {
+	if !mayLimit(h) {
+		return 0, false // no header of a quota: none of the lookups below can find one
+	}
 	longest := func(d time.Duration, good bool) {
 		if good && (!ok || d > wait) {
 			wait, ok = d, true
@@ -193,8 +196,43 @@ var (
 // one of tokens, says what remains of its requests too, so the remaining
 // count of requests of each family is enough.
 func quotaHeaders(h http.Header) bool {
-	return len(h["X-Ratelimit-Remaining"]) > 0 || len(h["Ratelimit-Remaining"]) > 0 || len(h["Ratelimit"]) > 0 ||
-		len(h["X-Ratelimit-Remaining-Requests"]) > 0 || len(h["Anthropic-Ratelimit-Requests-Remaining"]) > 0
+	return len(h) != 0 && (len(h["X-Ratelimit-Remaining"]) > 0 || len(h["Ratelimit-Remaining"]) > 0 || len(h["Ratelimit"]) > 0 ||
+		len(h["X-Ratelimit-Remaining-Requests"]) > 0 || len(h["Anthropic-Ratelimit-Requests-Remaining"]) > 0)
+}
+
+// mayLimitScan is the most headers mayLimit reads the names of: past it,
+// the lookups cost less than the reading.
+const mayLimitScan = 8
+
+// mayLimit reports whether h may hold a header that quotaReset reads:
+// every one of them is named Ratelimit*, X-Ratelimit* or
+// Anthropic-Ratelimit*, canonical as quotaReset's keys are. One pass over
+// a few names (none for an empty header) instead of nine lookups, on the
+// successes of a host with a record; false only when no such header is
+// there.
+func mayLimit(h http.Header) bool {
+	if len(h) > mayLimitScan {
+		return true
+	}
+	for k := range h {
+		if rateLimitName(k) {
+			return true
+		}
+	}
+	return false
+}
+
+// rateLimitName reports a canonical header name of a quota family.
+func rateLimitName(k string) bool {
+	switch {
+	case len(k) >= 9 && k[0] == 'R':
+		return k[:9] == "Ratelimit"
+	case len(k) >= 11 && k[0] == 'X':
+		return k[:11] == "X-Ratelimit"
+	case len(k) >= 19 && k[0] == 'A':
+		return k[:19] == "Anthropic-Ratelimit"
+	}
+	return false
 }
 
 // scopedQuota reports an answer whose X-RateLimit-* headers are of one

@@ -287,3 +287,33 @@ func BenchmarkQuotaHeaders(b *testing.B) {
 		}
 	})
 }
+
+// TestMayLimitNames: the pass over a response's header names that spares
+// a host with a record quotaReset's lookups on a plain success says yes
+// for every name quotaReset reads, and no only for headers of none.
+func TestMayLimitNames(t *testing.T) {
+	names := []string{"Ratelimit", "Ratelimit-Remaining", "Ratelimit-Reset", "X-Ratelimit-Remaining", "X-Ratelimit-Reset"}
+	for _, q := range openAIQuotas {
+		names = append(names, q.limit, q.remaining, q.reset)
+	}
+	for _, q := range anthropicQuotas {
+		names = append(names, q.limit, q.remaining, q.reset)
+	}
+	for _, n := range names {
+		h := http.Header{"Content-Type": {"text/plain"}, "Date": {"Mon, 02 Jan 2006 15:04:05 GMT"}}
+		h.Set(n, "0")
+		if !mayLimit(h) {
+			t.Errorf("mayLimit misses %s", n)
+		}
+	}
+	if mayLimit(http.Header{}) || mayLimit(http.Header{"Content-Type": {"text/plain"}, "X-Request-Id": {"1"}, "Retry-After": {"1"}}) {
+		t.Error("mayLimit says yes of a header without a quota")
+	}
+	big := http.Header{}
+	for i := range mayLimitScan + 1 {
+		big.Set("X-Other-"+strconv.Itoa(i), "1")
+	}
+	if !mayLimit(big) {
+		t.Error("past mayLimitScan names, the lookups must run")
+	}
+}

@@ -176,6 +176,9 @@ func (s *shard) add(l *localLimiter, host string, h uint32, now time.Time, force
 	}
 	st := &hostState{cell: cellOf(h)}
 	s.hosts[host] = st
+	if l.entries.Add(1) == 1 {
+		l.heldSince.Store(now.Sub(l.epoch).Nanoseconds())
+	}
 	s.peak = max(s.peak, len(s.hosts))
 	f := l.filter.Load()
 	if f == nil {
@@ -220,6 +223,7 @@ func (s *shard) drop(l *localLimiter, host string, st *hostState) {
 		l.learning.Add(-1)
 	}
 	delete(s.hosts, host)
+	l.entries.Add(-1)
 	l.filter.Load()[st.cell].Add(-1)
 }
 

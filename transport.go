@@ -1,11 +1,9 @@
 package retryhttp
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -31,11 +29,15 @@ type Transport struct {
 	// sent counts this Transport's attempts, all hosts, in one-second
 	// buckets, when it has no budget to count its first tries: what a host
 	// that starts refusing can have got at most.
-	sent counter
+	sent lazyCounter
 	// inflight counts this Transport's attempts waiting for their
 	// headers, all hosts: what a host that just got a record can have of
 	// ours on its way at most (Signal.InFlight).
 	inflight atomic.Int64
+	// mono says the clock is the real one: an answer's time is then read
+	// from the monotonic clock alone, counted from its attempt's send
+	// (answeredAt).
+	mono bool
 	// latencies are the hosts' recent latencies, for a learned hedge
 	// delay (WithHedging(0)); nil otherwise.
 	latencies *latencyTable
@@ -48,6 +50,7 @@ type Transport struct {
 // goroutine.
 func New(opts ...Option) *Transport {
 	t := &Transport{config: newConfig(opts)}
+	_, t.mono = t.clock.(realClock)
 	if t.hedging && t.hedgeDelay == 0 {
 		t.latencies = newLatencyTable()
 	}
@@ -103,13 +106,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // outer.
 func (t *Transport) roundTripOnce(req *http.Request) (*http.Response, error) {
 	c := call{t: t, req: req, ctx: req.Context(), retryIf: t.retryIf, attemptTimeout: t.attemptTimeout, nested: true}
-	now := t.clock.Now()
-	c.adm.at = now
-	if !t.admitted(now) {
-		var err error
-		if c.adm, err = t.admit(c.ctx, c.hostName(), now); err != nil {
-			closeBody(req)
-			return nil, err
+	if !t.calm(&c) {
+		now := t.clock.Now()
+		c.adm.at = now
+		if !t.admitted(now) {
+			var err error
+			if c.adm, err = t.admit(c.ctx, c.hostName(), now); err != nil {
+				closeBody(req)
+				return nil, err
+			}
 		}
 	}
 	if t.markNested {
@@ -148,6 +153,9 @@ type call struct {
 	// lat is the host's latencies, for a learned hedge delay, found by
 	// hedgeAfter: the first attempt's answer is added to them.
 	lat *hostLatencies
+	// spare is the hedger made with the marked request (newMarked), for
+	// hedged to use.
+	spare *hedger
 }
 
 // hostName is the host the call goes to, made on first use: the success
@@ -169,17 +177,26 @@ func (c *call) run() (*http.Response, error) {
 	if c.replay != nil {
 		defer c.replay.finish()
 	}
-	now := t.clock.Now()
-	c.start, c.adm.at = now, now
-	if !t.admitted(now) {
-		var err error
-		if c.adm, err = t.admit(c.ctx, c.hostName(), now); err != nil {
-			closeBody(c.req)
-			return nil, err
+	if t.calm(c) {
+		// Nothing held for any host: admitted at once, and no clock read
+		// (calm.go). c.start and c.adm.at stay zero until an answer needs
+		// them (observe).
+		if t.budget != nil {
+			t.budget.recordFirstUndated(t.clock)
 		}
-	}
-	if t.budget != nil {
-		t.budget.recordFirst(c.adm.at) // when the try is made, not when RoundTrip was called
+	} else {
+		now := t.clock.Now()
+		c.start, c.adm.at = now, now
+		if !t.admitted(now) {
+			var err error
+			if c.adm, err = t.admit(c.ctx, c.hostName(), now); err != nil {
+				closeBody(c.req)
+				return nil, err
+			}
+		}
+		if t.budget != nil {
+			t.budget.recordFirst(c.adm.at) // when the try is made, not when RoundTrip was called
+		}
 	}
 	areq := c.base
 	for n := 1; ; n++ {
@@ -187,7 +204,11 @@ func (c *call) run() (*http.Response, error) {
 			a     answer
 			plain bool
 		)
-		if d := c.hedgeAfter(); n == 1 && d > 0 {
+		var d time.Duration
+		if n == 1 && t.hedging {
+			d = c.hedgeAfter()
+		}
+		if d > 0 {
 			a, plain = c.hedged(areq, d)
 			n = a.n
 		} else {
@@ -257,8 +278,13 @@ func (c *call) send(req *http.Request, n int, now time.Time) (*http.Response, er
 	}
 	if (t.budget == nil || c.nested) && !t.noLearning {
 		// The budget counts first tries otherwise (see sentLastSecond);
-		// a nested call's first tries are the outer's to count.
-		t.sent.add(now)
+		// a nested call's first tries are the outer's to count. A calm
+		// call's first try has no time: it is counted undated.
+		if now.IsZero() {
+			t.sent.addUndated(t.clock)
+		} else {
+			t.sent.add(now)
+		}
 	}
 	return t.attempt(req, n, c.attemptTimeout)
 }
@@ -441,7 +467,8 @@ func (c *call) prepare() {
 		// Marked for the Transport of ours that may lie behind this
 		// unknown base; only this request, not others made with its
 		// context (an auth wrapper fetching a token), is nested for it.
-		marked = &markedRequest{ctx: passedDownCtx{Context: ctx, method: methodOf(req), url: req.URL}}
+		marked = c.newMarked()
+		marked.ctx = passedDownCtx{Context: ctx, method: methodOf(req), url: req.URL}
 		ctx = &marked.ctx
 	}
 	if ResendCount(ctx) != 0 {
@@ -558,102 +585,6 @@ func passedDown(req *http.Request) bool {
 	}
 	return req.URL != nil && p.url != nil && methodOf(req) == p.method &&
 		hostKey(req.URL) == hostKey(p.url) && req.URL.Path == p.url.Path
-}
-
-// drainLimit is how much of a retried response's body is read so that its
-// connection can be reused; a longer body costs less to drop than to read.
-const drainLimit = 64 << 10
-
-// drainTime bounds how long a retried response's body is read, whatever
-// the base: a connection is worth a few milliseconds, not the time a server
-// takes to trickle a body nobody may read.
-const drainTime = 50 * time.Millisecond
-
-// held is a failed response waiting beside its retry. Until the retry is
-// sent, the response may still be the caller's: if the retry cannot happen
-// after all, the caller gets it whole, body unread.
-type held struct {
-	resp *http.Response
-	body io.ReadCloser // the original body, still open, when it was too long to read
-}
-
-// hold readies a failed response to wait: a body of up to drainLimit is
-// read into memory (for at most drainTime) and closed at once, so its
-// connection goes back to the pool during the wait, and the response keeps
-// a copy for the caller; a longer body stays unread until the retry is sent
-// or the response handed back.
-func hold(resp *http.Response) held {
-	h := held{resp: resp}
-	switch {
-	case resp == nil || resp.Body == nil || resp.Body == http.NoBody:
-		return h
-	case resp.ContentLength == 0:
-		resp.Body.Close() // nothing to read: its end frees the connection
-		resp.Body = http.NoBody
-		return h
-	case resp.ContentLength > drainLimit:
-		h.body = resp.Body
-		return h
-	}
-	body := resp.Body
-	// Closing the body from another goroutine ends a blocked read in
-	// net/http's bodies, and in every wrapper that passes Close on.
-	stop := time.AfterFunc(drainTime, func() { body.Close() })
-	data, err := readBounded(body, resp.ContentLength)
-	stop.Stop()
-	if len(data) > drainLimit {
-		h.body = body
-		resp.Body = &peekedBody{prefix: *bytes.NewReader(data), rest: body}
-		return h
-	}
-	body.Close()
-	resp.Body = &peekedBody{prefix: *bytes.NewReader(data), rest: http.NoBody, err: err}
-	return h
-}
-
-// readBounded reads a body of the given length, or, when it is unknown,
-// up to one byte past drainLimit: that tells a body of exactly the limit,
-// read to its EOF (which is what frees the connection), from a longer one.
-func readBounded(body io.Reader, length int64) ([]byte, error) {
-	if length > 0 {
-		data := make([]byte, length)
-		n, err := io.ReadFull(body, data)
-		if err == nil {
-			// Read to the EOF, which is what hands net/http's connection
-			// back; a body longer than it said is not read further.
-			var one [1]byte
-			if _, err = body.Read(one[:]); err == io.EOF {
-				err = nil
-			}
-		}
-		return data[:n], err
-	}
-	return io.ReadAll(io.LimitReader(body, drainLimit+1))
-}
-
-// drain reads what is left of a retried response's body, up to drainLimit
-// and for at most drainTime, and closes it, so that a keep-alive connection
-// goes back to the pool; a longer body is closed unread.
-func drain(resp *http.Response) {
-	if resp == nil || resp.Body == nil {
-		return
-	}
-	if resp.ContentLength < 0 || resp.ContentLength <= drainLimit {
-		body := resp.Body
-		stop := time.AfterFunc(drainTime, func() { body.Close() })
-		io.CopyN(io.Discard, body, drainLimit+1)
-		stop.Stop()
-	}
-	resp.Body.Close()
-}
-
-// discard closes what is left of the response: the retry is on its way.
-func (h held) discard() {
-	if h.body != nil {
-		h.body.Close()
-	} else if h.resp != nil && h.resp.Body != nil {
-		h.resp.Body.Close()
-	}
 }
 
 // sentLastSecond is how many requests the Transport sent lately, to every

@@ -1,0 +1,48 @@
+package retryhttp
+
+import "time"
+
+// A Transport is calm while its in-process limiter holds no entry for any
+// host: none is parked, paced or modelled, so every attempt is admitted at
+// once. A calm call's first try then reads no clock: a reading costs as
+// much as the rest of the success path. Its first try is counted undated
+// (lazyCounter), and it has no send time: should its answer need one
+// (observe), calmSent bounds it.
+
+// calm reports, with one atomic load, that the Transport holds nothing for
+// any host, so that an attempt made now is admitted without a clock
+// reading. A configured pace, another Limiter, an attempt timeout or a
+// learned hedge delay, all of which time the attempt, make no call calm; a
+// fixed hedge delay does not time the first attempt (a hedge reads the
+// clock when it fires).
+func (t *Transport) calm(c *call) bool {
+	return t.free != nil && t.free.entries.Load() == 0 && t.latencies == nil && c.attemptTimeout == 0
+}
+
+// calmSent is, read at now, the latest moment an attempt sent while the
+// Transport was calm can have been sent: now, while it is calm still, else
+// just before the first entry since was made (no entry was there when it
+// went). It stands for the send time in what the answer tells, which it
+// brings no later than the first record it can be an answer to.
+func (t *Transport) calmSent(now time.Time) time.Time {
+	l := t.free
+	if l == nil || l.entries.Load() == 0 {
+		return now
+	}
+	if at := l.epoch.Add(time.Duration(l.heldSince.Load()) - 1); at.Before(now) {
+		return at
+	}
+	return now
+}
+
+// answeredAt reads the clock for the answer of an attempt sent at sent: on
+// the real clock, from the monotonic clock alone (time.Since, about half
+// the cost of a time.Now), as sent plus the time since; the wall reading
+// is sent's, moved on by as much. Inside a synctest bubble, and on any
+// other Clock, it is the clock's reading.
+func (t *Transport) answeredAt(sent time.Time) time.Time {
+	if t.mono && !sent.IsZero() {
+		return sent.Add(time.Since(sent))
+	}
+	return t.clock.Now()
+}
