@@ -307,25 +307,11 @@ func flushAll(s *redistest.Server) error {
 // together they keep to the pace.
 func TestSlowLink(t *testing.T) {
 	t.Parallel()
-	srv := redistest.StartT(t)
-	host := newFleetHost(t)
 	// The link slows once every process has been counted with its full
 	// share (a process that joined late has less until the others have
 	// heard of it, and waits meanwhile).
 	const slow, total = 2 * time.Second, 6 * time.Second
-	var members []*member
-	var proxies []*redistest.Proxy
-	for range 3 {
-		p := redistest.StartProxy(t, srv.Addr)
-		proxies = append(proxies, p)
-		members = append(members, &member{addr: p.Addr, warm: true, opts: []redislimit.Option{redislimit.WithTimeout(redislimit.DefaultTimeout)}})
-	}
-	start := runFleet(t, host, testPrefix(t), total, members, event{slow, func() error {
-		for _, p := range proxies {
-			p.SetLatency(50*time.Millisecond, 200*time.Millisecond)
-		}
-		return nil
-	}})
+	host, start, members := slowLinkFleet(t, 50*time.Millisecond, 200*time.Millisecond, slow, total)
 	ts := host.served()
 	t.Logf("per second: %s", perSecond(ts, start, total))
 	host.members(t, start, total)

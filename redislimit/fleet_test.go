@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/retryhttp/retryhttp"
 	"github.com/retryhttp/retryhttp/redislimit"
+	"github.com/retryhttp/retryhttp/redislimit/internal/redistest"
 )
 
 // A fleet is a few Limiters, each on its own client as separate processes
@@ -304,6 +305,31 @@ func playEvents(t *testing.T, ctx context.Context, start time.Time, events []eve
 			t.Error(err)
 		}
 	}
+}
+
+// slowLinkFleet runs three members for total, each reaching Redis through
+// a proxy of its own at the default timeout (warmed up first, see warm),
+// and slows every link to lo-hi a command at slow, once every member has
+// been counted with its full share. It returns the host, the start of
+// the run and the members.
+func slowLinkFleet(t *testing.T, lo, hi, slow, total time.Duration) (*fleetHost, time.Time, []*member) {
+	t.Helper()
+	srv := redistest.StartT(t)
+	host := newFleetHost(t)
+	var members []*member
+	var proxies []*redistest.Proxy
+	for range 3 {
+		p := redistest.StartProxy(t, srv.Addr)
+		proxies = append(proxies, p)
+		members = append(members, &member{addr: p.Addr, warm: true, opts: []redislimit.Option{redislimit.WithTimeout(redislimit.DefaultTimeout)}})
+	}
+	start := runFleet(t, host, testPrefix(t), total, members, event{slow, func() error {
+		for _, p := range proxies {
+			p.SetLatency(lo, hi)
+		}
+		return nil
+	}})
+	return host, start, members
 }
 
 // runOnceMore runs run, and once more when its first run asks for it

@@ -4,9 +4,6 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/retryhttp/retryhttp/redislimit"
-	"github.com/retryhttp/retryhttp/redislimit/internal/redistest"
 )
 
 // TestLinkNearTimeout: Redis's replies take about as long as the default
@@ -35,24 +32,10 @@ func TestLinkNearTimeout(t *testing.T) {
 }
 
 func linkNearTimeout(t *testing.T, lo, hi time.Duration) {
-	srv := redistest.StartT(t)
-	host := newFleetHost(t)
 	// The link slows once every process has been counted with its full
 	// share, as in TestSlowLink.
 	const slow, total = 2 * time.Second, 8 * time.Second
-	var members []*member
-	var proxies []*redistest.Proxy
-	for range 3 {
-		p := redistest.StartProxy(t, srv.Addr)
-		proxies = append(proxies, p)
-		members = append(members, &member{addr: p.Addr, warm: true, opts: []redislimit.Option{redislimit.WithTimeout(redislimit.DefaultTimeout)}})
-	}
-	start := runFleet(t, host, testPrefix(t), total, members, event{slow, func() error {
-		for _, p := range proxies {
-			p.SetLatency(lo, hi)
-		}
-		return nil
-	}})
+	host, start, _ := slowLinkFleet(t, lo, hi, slow, total)
 	ts := host.served()
 	t.Logf("per second: %s", perSecond(ts, start, total))
 	host.members(t, start, total)
