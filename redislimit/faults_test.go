@@ -311,7 +311,7 @@ func TestSlowLink(t *testing.T) {
 	// share (a process that joined late has less until the others have
 	// heard of it, and waits meanwhile).
 	const slow, total = 2 * time.Second, 6 * time.Second
-	host, start, members := slowLinkFleet(t, 50*time.Millisecond, 200*time.Millisecond, slow, total)
+	host, start, members, _ := slowLinkFleet(t, 50*time.Millisecond, 200*time.Millisecond, slow, total)
 	ts := host.served()
 	t.Logf("per second: %s", perSecond(ts, start, total))
 	host.members(t, start, total)

@@ -311,8 +311,9 @@ func playEvents(t *testing.T, ctx context.Context, start time.Time, events []eve
 // a proxy of its own at the default timeout (warmed up first, see warm),
 // and slows every link to lo-hi a command at slow, once every member has
 // been counted with its full share. It returns the host, the start of
-// the run and the members.
-func slowLinkFleet(t *testing.T, lo, hi, slow, total time.Duration) (*fleetHost, time.Time, []*member) {
+// the run, the members, and when each member was first seen pacing in
+// process from the slowing on (sampled every 20 ms; zero: never).
+func slowLinkFleet(t *testing.T, lo, hi, slow, total time.Duration) (*fleetHost, time.Time, []*member, []time.Duration) {
 	t.Helper()
 	srv := redistest.StartT(t)
 	host := newFleetHost(t)
@@ -323,13 +324,25 @@ func slowLinkFleet(t *testing.T, lo, hi, slow, total time.Duration) (*fleetHost,
 		proxies = append(proxies, p)
 		members = append(members, &member{addr: p.Addr, warm: true, opts: []redislimit.Option{redislimit.WithTimeout(redislimit.DefaultTimeout)}})
 	}
-	start := runFleet(t, host, testPrefix(t), total, members, event{slow, func() error {
+	events := []event{{slow, func() error {
 		for _, p := range proxies {
 			p.SetLatency(lo, hi)
 		}
 		return nil
-	}})
-	return host, start, members
+	}}}
+	fell := make([]time.Duration, len(members))
+	for at := slow + 20*time.Millisecond; at < total; at += 20 * time.Millisecond {
+		events = append(events, event{at, func() error {
+			for i, m := range members {
+				if fell[i] == 0 && m.l.Fallback() {
+					fell[i] = at
+				}
+			}
+			return nil
+		}})
+	}
+	start := runFleet(t, host, testPrefix(t), total, members, events...)
+	return host, start, members, fell
 }
 
 // runOnceMore runs run, and once more when its first run asks for it
