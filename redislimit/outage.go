@@ -69,9 +69,7 @@ func (l *Limiter) fail(srv *server, err error) {
 		// of calls answered while the server was up. Not on a Cluster,
 		// whose late calls are not refused (see bounds): its processes
 		// come back as before.
-		late := l.stale && errors.Is(err, errTimeout)
-		srv.late.Store(late)
-		srv.slow.Store(late && time.Duration(srv.peakRTT.Load()) >= l.timeout/2)
+		srv.slow.Store(l.stale && errors.Is(err, errTimeout) && time.Duration(srv.peakRTT.Load()) >= l.timeout/2)
 	}
 	srv.inTime.Store(0) // answered within half the timeout in a row, no more
 	l.slotFailed(srv)
@@ -136,19 +134,6 @@ func (l *Limiter) answeredFor(srv *server, host string) {
 	if !srv.down.Load() {
 		return
 	}
-	if srv.late.Load() && !srv.slow.Load() && time.Duration(srv.lastRTT.Load()) >= l.timeout/4 {
-		// Fell on a late call though the link had answered fast, and
-		// answers slowly now: the link slowed at the fall (its first
-		// late call came before any slow answer; 20-30 ms on a link of
-		// 10-60 ms, where it answered in 1-3 ms before, and where a
-		// process that went back so fell again within a second), not a
-		// server that froze and woke, which answers as fast as before.
-		// A quarter of the timeout, not less: a loaded machine's
-		// loopback takes a few ms now and then. A probe that straddled
-		// a wake is held so too, until one answers fast: a probe
-		// interval more in process.
-		srv.slow.Store(true)
-	}
 	if srv.slow.Load() && (host == "" || l.share > 0 || l.mem.hasShare(host, time.Now())) && !l.slowBackNow(srv) {
 		// Fell for answering late after answering near the bound: a
 		// link about as slow as the timeout, or one mostly in time with
@@ -161,9 +146,14 @@ func (l *Limiter) answeredFor(srv *server, host string) {
 		// nothing. So back only on the evidence of a link that is fast
 		// again (see slowBackNow). Not so for a host that waits for
 		// Redis, holding no share: held, it would wait for ever. A
-		// stop of a server is not held so, nor a freeze of one that
-		// answered fast: its processes come back at the first probe
-		// answered fast.
+		// freeze or a stop of a server that answered fast is not held
+		// so: its processes come back at once. (Nor is a link that
+		// slowed at the fall, its first late call coming before any slow
+		// answer: holding a process whose probe answered slowly after a
+		// fall from a fast link held those of a freeze whose probe
+		// straddled the wake, and TestFirstContactDuringOutage/frozen
+		// saw 22-23 where it sees 21. Such a process comes back, and is
+		// held at its next fall, its peak slow by then.)
 		return
 	}
 	if !srv.down.CompareAndSwap(true, false) {
