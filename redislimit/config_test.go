@@ -56,7 +56,10 @@ func TestRefusalsAreErrors(t *testing.T) {
 			opts.Addr = srv.Addr
 			rdb := redis.NewClient(&opts)
 			t.Cleanup(func() { rdb.Close() })
-			l := redislimit.New(rdb)
+			// The test's timeout, not the default 50 ms: a first call
+			// that took longer on a loaded machine fell back and returned
+			// no error, where a refusal is refused however long it is.
+			l := redislimit.New(rdb, redislimit.WithTimeout(testTimeout))
 			t.Cleanup(func() { l.Close() })
 			_, err := l.Reserve(ctx, attempt("a.test"))
 			var rerr *redislimit.RefusedError
@@ -79,7 +82,7 @@ func TestRefusalsAreErrors(t *testing.T) {
 		})
 	}
 	t.Run("WRONGTYPE", func(t *testing.T) {
-		l := redislimit.New(newClient(t, srv.Addr))
+		l := redislimit.New(newClient(t, srv.Addr), redislimit.WithTimeout(testTimeout))
 		t.Cleanup(func() { l.Close() })
 		admin.Set(ctx, redislimit.DefaultPrefix+"string.test", "not a hash", 0)
 		if _, err := l.Reserve(ctx, attempt("string.test")); !errors.Is(err, redislimit.ErrRedisRefused) {
