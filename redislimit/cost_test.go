@@ -76,9 +76,9 @@ func TestParkingReachesWaiterWithoutRedis(t *testing.T) {
 	counter := &scriptCounter{}
 	rdb := newClient(t, srv.Addr)
 	rdb.AddHook(counter)
-	b := redislimit.New(rdb)
+	b := redislimit.New(rdb, redislimit.WithTimeout(testTimeout))
 	t.Cleanup(func() { b.Close() })
-	a := redislimit.New(newClient(t, srv.Addr))
+	a := redislimit.New(newClient(t, srv.Addr), redislimit.WithTimeout(testTimeout))
 	t.Cleanup(func() { a.Close() })
 	checkParkingReachesWaiter(t, a, b)
 	// Two Reserves, and nothing for the check.

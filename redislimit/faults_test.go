@@ -256,11 +256,11 @@ func TestBucketOutlivesData(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			// A run whose busiest second is over the bound is run once
-			// more, and the test fails when both are: on the real clock,
-			// under -race, a run now and then holds 23-24 (the core of
-			// 9f29470 too: 2 of 8 runs of -count 8), where a fault of the
-			// limiter's misses every run.
-			for try := 1; ; try++ {
+			// more (runOnceMore): on the real clock, under -race, a run
+			// now and then holds 23-24 (the core of 9f29470 too: 2 of 8
+			// runs of -count 8), where a fault of the limiter's misses
+			// every run.
+			runOnceMore(t, func(try int, last bool) bool {
 				srv := redistest.StartT(t)
 				host := newFleetHost(t)
 				const lose, total = 1500 * time.Millisecond, 4 * time.Second
@@ -269,14 +269,13 @@ func TestBucketOutlivesData(t *testing.T) {
 				ts := host.served()
 				t.Logf("run %d: per second: %s", try, perSecond(ts, start, total))
 				t.Logf("run %d: per 100ms from the loss: %v", try, histogram(between(ts, start.Add(lose), start.Add(total)), 100*time.Millisecond))
-				if n, _ := busiest(ts, start, start, start.Add(total)); n > pace+2 && try == 1 {
-					t.Logf("run 1: the busiest second holds %d, over %d: once more", n, pace+2)
-					continue
+				if !last && overBusiest(ts, start, start, start.Add(total)) {
+					return true
 				}
 				checkBusiest(t, "whole run", ts, start, start, start.Add(total))
 				checkGoesOn(t, ts, start.Add(lose-500*time.Millisecond), start.Add(total-500*time.Millisecond))
-				return
-			}
+				return false
+			})
 		})
 	}
 }
@@ -308,25 +307,11 @@ func flushAll(s *redistest.Server) error {
 // together they keep to the pace.
 func TestSlowLink(t *testing.T) {
 	t.Parallel()
-	srv := redistest.StartT(t)
-	host := newFleetHost(t)
 	// The link slows once every process has been counted with its full
 	// share (a process that joined late has less until the others have
 	// heard of it, and waits meanwhile).
 	const slow, total = 2 * time.Second, 6 * time.Second
-	var members []*member
-	var proxies []*redistest.Proxy
-	for range 3 {
-		p := redistest.StartProxy(t, srv.Addr)
-		proxies = append(proxies, p)
-		members = append(members, &member{addr: p.Addr, warm: true, opts: []redislimit.Option{redislimit.WithTimeout(redislimit.DefaultTimeout)}})
-	}
-	start := runFleet(t, host, testPrefix(t), total, members, event{slow, func() error {
-		for _, p := range proxies {
-			p.SetLatency(50*time.Millisecond, 200*time.Millisecond)
-		}
-		return nil
-	}})
+	host, start, members, _ := slowLinkFleet(t, 50*time.Millisecond, 200*time.Millisecond, slow, total)
 	ts := host.served()
 	t.Logf("per second: %s", perSecond(ts, start, total))
 	host.members(t, start, total)
@@ -337,15 +322,23 @@ func TestSlowLink(t *testing.T) {
 	if rate < 0.85*pace {
 		t.Errorf("%.1f/s on the slow link, want near the pace of %d/s", rate, pace)
 	}
-	// Four requests queue for a third of the pace, 600 ms: a request that
-	// also paid the link's latency for each call would take far longer.
+	// A request waits, at most, for the slots its process already holds
+	// and the others' claim on its share to end (the bucket's lead, 600
+	// ms for twelve goroutines at 20/s, plus the 50 ms a late call may
+	// still renew the claim and the round trip of the server's clock
+	// estimate, up to the link's 200 ms), then for its place among four
+	// at a third of the pace (600 ms): 1.45 s. 1.5 s was missed now and
+	// then under -race on a loaded machine (1.59 s). A bound that did not
+	// hold, a call waiting for the client's read timeout (3 s), takes
+	// longer; one that waited for the link is a member that did not fall
+	// back, checked first.
 	for i, m := range members {
 		if !m.l.Fallback() {
 			t.Errorf("member %d did not fall back on a link slower than its bound", i)
 		}
 		d := time.Duration(m.longest.Load())
 		t.Logf("member %d: longest request %v", i, d.Round(time.Millisecond))
-		if d > 1500*time.Millisecond {
+		if d > 2*time.Second {
 			t.Errorf("member %d: a request took %v", i, d)
 		}
 	}

@@ -75,27 +75,35 @@ func TestReserveBurstThenPace(t *testing.T) {
 	}
 }
 
+// Nothing is taken for a slot past the deadline. The pace is 1/s, and the
+// delays are checked against the moment of the slot taken first, not
+// against a fixed interval with a fixed slack: at 10/s with 20 ms of
+// slack, a loaded machine under -race that took longer than that between
+// two calls failed the test, where a slot taken past the deadline is a
+// whole interval off.
 func TestReserveTakesNothingPastLatest(t *testing.T) {
 	for name, mk := range limiters(t) {
 		t.Run(name, func(t *testing.T) {
 			l := mk(t)
-			p := retryhttp.Pace{Limit: 10, Burst: 1}
-			now := time.Now()
-			if res := reserve(t, l, p, now, now.Add(time.Second)); !res.OK || res.Delay != 0 {
+			p := retryhttp.Pace{Limit: 1, Burst: 1}
+			from := time.Now()
+			if res := reserve(t, l, p, from, from.Add(time.Second)); !res.OK || res.Delay != 0 {
 				t.Fatalf("first Reserve = %+v, want a slot now", res)
 			}
-			now = time.Now()
-			res := reserve(t, l, p, now, now.Add(50*time.Millisecond))
+			to := time.Now() // the first slot lies in [from, to]
+			now := time.Now()
+			res := reserve(t, l, p, now, now.Add(500*time.Millisecond))
 			if res.OK {
-				t.Fatalf("Reserve with 50ms to spare = %+v, want OK false", res)
+				t.Fatalf("Reserve with 500ms to spare = %+v, want OK false", res)
 			}
-			near(t, "refused delay", res.Delay, 100*time.Millisecond, 20*time.Millisecond)
+			nearSlot(t, "refused delay", res.Delay, now, from, to, time.Second)
 			// Nothing was taken: the next slot is still the one refused.
-			res = reserve(t, l, p, time.Now(), time.Time{})
+			now = time.Now()
+			res = reserve(t, l, p, now, time.Time{})
 			if !res.OK {
 				t.Fatalf("Reserve without bound = %+v, want a slot", res)
 			}
-			near(t, "delay", res.Delay, 100*time.Millisecond, 20*time.Millisecond)
+			nearSlot(t, "delay", res.Delay, now, from, to, time.Second)
 			// A deadline already past admits nothing, not even a free slot.
 			other := retryhttp.Attempt{Host: "other.test", Pace: p, Now: time.Now()}
 			other.Latest = other.Now.Add(-time.Millisecond)
@@ -103,6 +111,18 @@ func TestReserveTakesNothingPastLatest(t *testing.T) {
 				t.Errorf("Reserve past its deadline = %+v, %v; want OK false", res, err)
 			}
 		})
+	}
+}
+
+// nearSlot fails t unless got, the delay of a Reserve made at now, reaches
+// the slot one interval after a slot taken between from and to: up to 10
+// ms later, as near allows, for a delay counted by Redis's clock.
+func nearSlot(t *testing.T, what string, got time.Duration, now, from, to time.Time, interval time.Duration) {
+	t.Helper()
+	lo, hi := from.Add(interval).Sub(now), to.Add(interval+10*time.Millisecond).Sub(now)
+	if got < lo || got > hi {
+		t.Errorf("%s = %v, want %v to %v (the slot %v after one taken between %v and %v before the call)",
+			what, got, lo, hi, interval, now.Sub(from), now.Sub(to))
 	}
 }
 

@@ -71,7 +71,7 @@ func (l *Limiter) fail(srv *server, err error) {
 		// come back as before.
 		srv.slow.Store(l.stale && errors.Is(err, errTimeout) && time.Duration(srv.peakRTT.Load()) >= l.timeout/2)
 	}
-	srv.inTime.Store(0) // answered in time in a row, no more
+	srv.inTime.Store(0) // answered within half the timeout in a row, no more
 	l.slotFailed(srv)
 	if l.logger == nil {
 		return
@@ -89,10 +89,33 @@ func (l *Limiter) fail(srv *server, err error) {
 		"redislimit: Redis failed; pacing in process until it answers (hosts first met meanwhile wait for it)", attrs...)
 }
 
-// slowBack is how many probes in a row must be answered in time, after a
-// fall on a link about as slow as the timeout, before the Limiter goes
-// back to Redis, unless one is answered within half the timeout.
+// slowBack is how many probes in a row must be answered within half the
+// timeout, after a fall on a link about as slow as the timeout, before the
+// Limiter goes back to Redis, unless one is answered within a tenth of it.
 const slowBack = 5
+
+// slowBackNow reports whether the answer srv just gave, after a fall on a
+// slow link, shows the link fast again. An answer within half the timeout
+// is no such sign on its own: on a link of 10-60 ms for a 50 ms timeout,
+// three answers in ten are, and one call in five is still late; nor is
+// one in time (the earlier rule: five in time in a row came within five
+// seconds on such a link one time in three, and it fell again within a
+// second). So back on an answer within a tenth of the timeout, which such
+// a link does not give, or on slowBack answers in a row within half of
+// it (one chance in 400 on that link, and certain within slowBack probes
+// on a link fast again). An answer past half the timeout starts the count
+// again, as a call that failed does (see fail).
+func (l *Limiter) slowBackNow(srv *server) bool {
+	rtt := time.Duration(srv.lastRTT.Load())
+	switch {
+	case rtt < l.timeout/10:
+		return true
+	case rtt >= l.timeout/2:
+		srv.inTime.Store(0)
+		return false
+	}
+	return srv.inTime.Add(1) >= slowBack
+}
 
 // answered records a call that srv answered: back to Redis, if the
 // Limiter was pacing its hosts in process.
@@ -111,19 +134,26 @@ func (l *Limiter) answeredFor(srv *server, host string) {
 	if !srv.down.Load() {
 		return
 	}
-	if srv.slow.Load() && time.Duration(srv.lastRTT.Load()) >= l.timeout/2 &&
-		(host == "" || l.share > 0 || l.mem.hasShare(host, time.Now())) && srv.inTime.Add(1) < slowBack {
-		// Fell for answering late after answering near the bound, and
-		// answered near it again: a link about as slow as the timeout,
-		// on which a call in two or so comes in time. Going back now
-		// would fall back at the next late call, and each fall costs the
-		// process the slots it holds back until the others stop counting
-		// it present; pacing its share in process costs nothing. So back
-		// only on an answer well within the bound, or on slowBack
-		// answered in time in a row. Not so for a host that waits for
+	if srv.slow.Load() && (host == "" || l.share > 0 || l.mem.hasShare(host, time.Now())) && !l.slowBackNow(srv) {
+		// Fell for answering late after answering near the bound: a
+		// link about as slow as the timeout, or one mostly in time with
+		// a tail past it. Going back at an answer that came in time
+		// would fall back at the next late call (on a link with one
+		// call in five late, within a second at 20/s), and each fall
+		// costs the process the slots it holds back until the others
+		// stop counting it present, and can meet the others' slots
+		// with its first in process; pacing its share in process costs
+		// nothing. So back only on the evidence of a link that is fast
+		// again (see slowBackNow). Not so for a host that waits for
 		// Redis, holding no share: held, it would wait for ever. A
 		// freeze or a stop of a server that answered fast is not held
-		// so: its processes come back at once.
+		// so: its processes come back at once. (Nor is a link that
+		// slowed at the fall, its first late call coming before any slow
+		// answer: holding a process whose probe answered slowly after a
+		// fall from a fast link held those of a freeze whose probe
+		// straddled the wake, and TestFirstContactDuringOutage/frozen
+		// saw 22-23 where it sees 21. Such a process comes back, and is
+		// held at its next fall, its peak slow by then.)
 		return
 	}
 	if !srv.down.CompareAndSwap(true, false) {

@@ -127,15 +127,26 @@ func debugSleep(d time.Duration) func(*redistest.Server) error {
 // the timeout after its slot and lands on the next one's.
 func TestNoRequestLateAtFreeze(t *testing.T) {
 	t.Parallel()
-	srv := redistest.StartT(t)
-	host := sharedRun(t, srv, 1, false, 3*time.Second, 800*time.Millisecond, 0, debugSleep(time.Second), nil)
-	ts := host.times("/")
-	n, least := closePairs(ts, 10*time.Millisecond)
-	t.Logf("%d requests at %.2f/s; closest pair %v apart; %d pairs under 10ms", len(ts), observedRate(ts), least, n)
-	if n > 0 {
-		t.Errorf("%d pairs of requests under 10ms apart at a pace of %d/s: a request went late onto the next slot", n, pace)
-	}
-	checkRate(t, ts, pace, 0.06)
+	// A run with a close pair is run once more (runOnceMore): a full
+	// -race run on a loaded machine saw one pair 5.4 ms apart, a request
+	// whose goroutine was held up 45 ms; a check that waited on the
+	// frozen Redis sends pairs 0.1-0.5 ms apart at every slot of the
+	// freeze, every run.
+	runOnceMore(t, func(try int, last bool) bool {
+		srv := redistest.StartT(t)
+		host := sharedRun(t, srv, 1, false, 3*time.Second, 800*time.Millisecond, 0, debugSleep(time.Second), nil)
+		ts := host.times("/")
+		n, least := closePairs(ts, 10*time.Millisecond)
+		t.Logf("run %d: %d requests at %.2f/s; closest pair %v apart; %d pairs under 10ms", try, len(ts), observedRate(ts), least, n)
+		if n > 0 && !last {
+			return true
+		}
+		if n > 0 {
+			t.Errorf("%d pairs of requests under 10ms apart at a pace of %d/s: a request went late onto the next slot", n, pace)
+		}
+		checkRate(t, ts, pace, 0.06)
+		return false
+	})
 }
 
 // An outage costs at most one burst above the pace across all processes,

@@ -40,9 +40,10 @@ type server struct {
 	// lastRTT is the round trip of the latest call it answered, and
 	// peakRTT the longest of the latest few (see answeredIn), in ns.
 	// slow: it last failed by not answering in time after answering near
-	// the bound (a link about as slow as the timeout, not a freeze nor a
-	// stop on a fast one); inTime counts the probes answered in time
-	// since. See Limiter.answered.
+	// the bound (a link about as slow as the timeout, or with a tail past
+	// it; not a freeze nor a stop on a fast one); inTime counts the probes
+	// answered within half the timeout in a row since. See
+	// Limiter.answeredFor.
 	lastRTT atomic.Int64
 	peakRTT atomic.Int64
 	slow    atomic.Bool

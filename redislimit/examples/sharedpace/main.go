@@ -238,6 +238,17 @@ func worker() error {
 		timeout, _ := time.ParseDuration(os.Getenv(envTime)) // zero: the default
 		l := redislimit.New(rdb, redislimit.WithPrefix(os.Getenv(envPrefix)), redislimit.WithTimeout(timeout))
 		defer l.Close() // before rdb.Close: deferred calls run last first
+		// Check finds a misconfigured Redis at start, and warms the
+		// Limiter before the run: its scripts loaded and a connection
+		// open, its first calls are not slower than the rest. A worker
+		// started on a loaded machine otherwise paid both on its first
+		// request, in the run's window.
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := l.Check(cctx)
+		cancel()
+		if err != nil {
+			return err // says "redislimit: ..." itself
+		}
 		opts = append(opts, retryhttp.WithLimiter(l))
 	}
 	client := retryhttp.NewClient(opts...)
