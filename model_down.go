@@ -54,6 +54,9 @@ func (m *hostModel) failure(sig *Signal, overlapped bool) {
 // all, or over downAfter; downRun when each was sent after the last was
 // answered.
 func (m *hostModel) falls(now instant) bool {
+	if m.streak < downFailures {
+		return false // shorter than any run needed (runNeeded's logarithm is not worked out on every answer)
+	}
 	need := m.runNeeded()
 	if int(m.streak) < need || m.older > 0 {
 		return false
