@@ -36,7 +36,7 @@ type quota struct {
 	probing   bool // a reset passed, and no answer since told its kind
 	counts    bool // it slides, with a reset that stays put: a count of the window before, not a bucket
 	restarts  bool // seen whole again within half a window of spent: a window that starts anew
-	tight     bool // it slides, and refused a pace at its rate: it counts whole requests (a log), not a bucket's refill
+	tight     bool // it refused a pace at its rate: it counts whole requests (a log), not a bucket's refill
 	renewed   bool // it replaced another announcement: the old pace's schedule goes
 	// When the quota is first announced, or its window first seen to
 	// slide, what it said remains: the pace's burst is charged with what
@@ -150,8 +150,9 @@ func (q *quota) paceRate() float64 {
 // when the two are a hair closer than a window apart: it refuses, names
 // the moment that one leaves, and the host is parked until then, a
 // second or more each time. A token bucket, refilling as it goes, never
-// refuses a pace at its rate. So a window that slides and refuses a pace
-// at its rate is tight: its pace is stretched by half an interval a
+// refuses a pace at its rate. So a window (neither a count of the window
+// before nor one that starts anew, which have their own margins) that
+// refuses a pace at its rate is tight: its pace is stretched by half an interval a
 // window, which keeps attempts a window apart through that much jitter
 // (as phaseRefusal shifts a count's), for a share 1/(2·limit) of the rate.
 
