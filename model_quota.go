@@ -140,7 +140,7 @@ func (q *quota) paceRate() float64 {
 	case q.counts && q.window > resetSlack && q.limit > 1:
 		return float64(q.limit-1) / q.window.Seconds()
 	case q.tight:
-		return float64(q.limit) / (q.window + q.window/time.Duration(2*q.limit)).Seconds()
+		return float64(q.limit) / (q.window + min(q.window/time.Duration(2*q.limit), tightStretchMax)).Seconds()
 	}
 	return q.perSecond()
 }
@@ -155,6 +155,14 @@ func (q *quota) paceRate() float64 {
 // refuses a pace at its rate is tight: its pace is stretched by half an interval a
 // window, which keeps attempts a window apart through that much jitter
 // (as phaseRefusal shifts a count's), for a share 1/(2·limit) of the rate.
+// The stretch is at most tightStretchMax a window.
+
+// tightStretchMax bounds a tight window's stretch: jitter is well under a
+// second, and half an interval of a quota of one a minute is 30 s, which
+// would hold each request half a minute past the window and past the
+// Retry-After bound a learned wait keeps to (the fuzzer found a limit of 1
+// over 50 s paced at one attempt every 75 s).
+const tightStretchMax = time.Second
 
 // spareGrowth is how much a pace grows each hold past an announced rate
 // while the host says it has more (quota.spare).
