@@ -81,7 +81,7 @@ func (b *Budget) recordFirst(now time.Time) { b.firsts.add(now) }
 
 // recordFirstUndated counts a first try made now, reading clk only to date
 // the batch it joins (see lazyCounter).
-func (b *Budget) recordFirstUndated(clk Clock) { b.firsts.addUndated(clk) }
+func (b *Budget) recordFirstUndated(clk Clock) (time.Time, bool) { return b.firsts.addUndated(clk) }
 
 // canRetry reports whether the window has a retry to give now, spending
 // none.
@@ -223,14 +223,20 @@ func (c *lazyCounter) add(now time.Time) {
 }
 
 // addUndated counts an event made now, reading clk only for the first and
-// the last event of a batch.
-func (c *lazyCounter) addUndated(clk Clock) {
+// the last event of a batch. It returns that reading, when it made one:
+// the caller may have a use for it (the time sweep of an unheld call).
+func (c *lazyCounter) addUndated(clk Clock) (time.Time, bool) {
 	switch n := c.pending.Add(1); {
 	case n == 1:
-		c.began.Store(clk.Now().UnixNano())
+		now := clk.Now()
+		c.began.Store(now.UnixNano())
+		return now, true
 	case n >= undatedBatch:
-		c.settle(clk.Now())
+		now := clk.Now()
+		c.settle(now)
+		return now, true
 	}
+	return time.Time{}, false
 }
 
 // sum is the count over the ten seconds up to now, undated events

@@ -19,6 +19,33 @@ func (t *Transport) calm(c *call) bool {
 	return t.free != nil && t.free.entries.Load() == 0 && t.latencies == nil && c.attemptTimeout == 0
 }
 
+// unheld reports that the call's host holds no entry while others do, so
+// that its first try, too, is admitted without a clock reading: the host
+// is neither parked nor paced nor modelled, whatever other hosts are (the
+// limiter's filter says so with one atomic load, and admit would let it go
+// at once). The call is counted undated, as a calm one; the clock readings
+// that dating its batch makes run the time sweep (sweep.go), which the
+// readings of the success path ran before: every undatedBatch unheld calls
+// two of them, enough for a sweep that runs every sweepStep. A Transport
+// that counts nothing (no budget, learning off) has no such readings: its
+// calls read the clock.
+func (t *Transport) unheld(c *call) bool {
+	if t.free == nil || t.latencies != nil || c.attemptTimeout != 0 || (t.budget == nil && t.noLearning) {
+		return false
+	}
+	c.hash = hostHash(c.hostName())
+	return !t.free.mayHold(c.hash)
+}
+
+// countUndated counts a first try of a calm or unheld call undated, on the
+// budget when there is one, and, for an unheld call, runs the time sweep
+// on any clock reading the count made.
+func (c *call) countUndated(counter *lazyCounter) {
+	if at, read := counter.addUndated(c.t.clock); read && c.unheld {
+		c.t.free.tick(at)
+	}
+}
+
 // calmSent is, read at now, the latest moment an attempt sent while the
 // Transport was calm can have been sent: now, while it is calm still, else
 // just before the first entry since was made (no entry was there when it

@@ -37,10 +37,16 @@ func (c *call) observe(a *answer) bool {
 	now := t.answeredAt(a.adm.at)
 	a.now = now
 	if a.adm.at.IsZero() {
-		// Sent while the Transport was calm, undated (calm.go).
+		// Sent while the Transport was calm, or its host unheld, undated
+		// (calm.go): before every record there is now, as far as the
+		// record of its host can tell. An unheld call's start is its
+		// first answer: the entries were held long before it was sent.
 		a.adm.at = t.calmSent(now)
 		if c.start.IsZero() {
 			c.start = a.adm.at
+			if c.unheld {
+				c.start = now
+			}
 		}
 	}
 	sig := Signal{Now: now, Ticket: a.adm.ticket, Latency: now.Sub(a.adm.at), Status: code, Reset: -1, Remaining: -1}
@@ -80,6 +86,11 @@ func (c *call) sentBeforeRecord(sent time.Time) bool {
 	l := c.t.free
 	if l == nil || l.learning.Load() == 0 {
 		return false
+	}
+	if sent.IsZero() && c.unheld {
+		// Sent while its host held no entry (calm.go): its answer has a
+		// record to tell only if the host has got one since.
+		return l.mayHold(c.hash)
 	}
 	if sent.IsZero() {
 		// Sent while no host held an entry (calm.go): before every

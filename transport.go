@@ -150,6 +150,10 @@ type call struct {
 	attemptTimeout time.Duration
 	// nested is set for the one attempt of a Transport nested in another.
 	nested bool
+	// unheld is set for a call whose first try went undated while other
+	// hosts held entries and its own held none (calm.go), hash its host's.
+	unheld bool
+	hash   uint32
 	// lat is the host's latencies, for a learned hedge delay, found by
 	// hedgeAfter: the first attempt's answer is added to them.
 	lat *hostLatencies
@@ -177,12 +181,13 @@ func (c *call) run() (*http.Response, error) {
 	if c.replay != nil {
 		defer c.replay.finish()
 	}
-	if t.calm(c) {
-		// Nothing held for any host: admitted at once, and no clock read
-		// (calm.go). c.start and c.adm.at stay zero until an answer needs
-		// them (observe).
+	calm := t.calm(c)
+	if c.unheld = !calm && t.unheld(c); calm || c.unheld {
+		// Nothing held for any host, or for this one: admitted at once,
+		// and no clock read (calm.go). c.start and c.adm.at stay zero
+		// until an answer needs them (observe).
 		if t.budget != nil {
-			t.budget.recordFirstUndated(t.clock)
+			c.countUndated(&t.budget.firsts)
 		}
 	} else {
 		now := t.clock.Now()
@@ -281,7 +286,7 @@ func (c *call) send(req *http.Request, n int, now time.Time) (*http.Response, er
 		// a nested call's first tries are the outer's to count. A calm
 		// call's first try has no time: it is counted undated.
 		if now.IsZero() {
-			t.sent.addUndated(t.clock)
+			c.countUndated(&t.sent)
 		} else {
 			t.sent.add(now)
 		}
