@@ -115,8 +115,8 @@ type hedgeAttempt struct {
 type hedger struct {
 	first   http.Request // the first attempt: the call's request, on ctx
 	ctx     firstCtx
-	body    firstBody // the first attempt's body, when it is the answer
-	timer   *time.Timer
+	body    firstBody   // the first attempt's body, when it is the answer
+	tm      *hedgeTimer // its timer (hedgetimer.go)
 	t       *Transport
 	lat     *hostLatencies // the host's, as hedgeAfter found them: the first's answer goes there
 	base    *http.Request  // what every attempt shares
@@ -130,6 +130,7 @@ type hedger struct {
 	firstIn   bool // the first answered: no hedge's answer cancels it
 	over      bool // the call is done with hedging: no more go, the others clean up after themselves
 	limit     int8 // attempts at most, the first included (hedgeInFlight or fewer)
+	keepTimer bool // the timer was made outside any synctest bubble: it may be kept
 	*hedgeSet      // made when the first hedge is due
 }
 
@@ -180,7 +181,7 @@ func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 	h.ctx.init(req.Context())
 	h.first = *req.WithContext(&h.ctx) // copied into the hedger: no request of its own
 	h.mu.Lock()                        // fire reads the timer, to set it again
-	h.timer = time.AfterFunc(delay, h.fire)
+	h.arm(delay, c.noBubble())
 	h.mu.Unlock()
 	resp, err := t.attempt(&h.first, 1, c.attemptTimeout)
 	first := answer{n: 1, resp: resp, err: err, adm: c.adm}
@@ -192,7 +193,7 @@ func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 		// No hedge went: the first's answer is the call's, or its retry's.
 		h.over = true
 		h.mu.Unlock()
-		h.timer.Stop()
+		h.disarm()
 		return h.keep(&first, !c.observe(&first))
 	}
 	won := h.winner
@@ -265,7 +266,7 @@ func (h *hedger) end(keep *hedgeAttempt) {
 	h.mu.Lock()
 	h.over = true
 	h.mu.Unlock()
-	h.timer.Stop()
+	h.tm.timer.Stop()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for {
@@ -434,7 +435,7 @@ func (h *hedger) fire() {
 	t.reportHedge(h.req.Context(), h.req, h.key, h.host, g.n-1, h.delay)
 	// The next hedge, should this one be slow too; past the last one
 	// allowed, the report that no more go.
-	h.timer.Reset(h.delay)
+	h.tm.timer.Reset(h.delay)
 	h.mu.Unlock()
 
 	if t.budget == nil && !t.noLearning {
