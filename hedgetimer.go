@@ -2,7 +2,6 @@ package retryhttp
 
 import (
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -10,70 +9,66 @@ import (
 // unfired: that is most calls. Making a timer (time.AfterFunc) costs an
 // allocation for it and one for its function, and a place in the runtime's
 // timer heap under its lock; a stopped timer set again keeps its place.
-// So the timer, and the function it runs, are kept for the next call once
-// a call is done with them unfired.
+// So a call done with its hedger and timer unfired hands both on to the
+// next call (hedgers): the hedger holds what the hedges would have needed
+// and the timer, whose function is the hedger's fire, made once with it.
+// What the caller may keep of the first attempt (its request, context and
+// body: the answer's Request and Body) is in the call's own hedgeFirst,
+// which is never handed on.
 //
-// This is safe: a timer is put back only once Stop reported that its
-// function had not started and never will, so nothing of the call's
-// (its hedger) is reached through it once put back, and a call's hedger
-// is reached through the timer's holder alone, which the next call sets
-// before it sets the timer. A timer made inside a testing/synctest bubble
-// is the bubble's (its virtual clock; stopped or set from anywhere else,
-// the runtime aborts), and one made outside it runs on real time: timers
-// are kept and taken only outside any bubble, where the clock has a
-// monotonic reading, which a bubble's never has.
+// This is safe: a hedger is put back only once no hedge was due and
+// Stop reported that the timer's function had not started and never will,
+// so that nothing but the call itself, about to return, could reach it,
+// and the call lets go of it first. A timer made inside a testing/synctest
+// bubble is the bubble's (its virtual clock; stopped or set from anywhere
+// else, the runtime aborts), and one made outside it runs on real time:
+// hedgers are kept and taken only outside any bubble, where the clock has
+// a monotonic reading, which a bubble's never has.
 
-// hedgeTimer is a hedge's timer and the hedger it fires for.
-type hedgeTimer struct {
-	timer *time.Timer
-	h     atomic.Pointer[hedger]
-}
+// hedgers are hedgers stopped unfired, outside any synctest bubble.
+var hedgers sync.Pool
 
-// hedgeTimers are timers stopped unfired, outside any synctest bubble.
-var hedgeTimers sync.Pool
-
-// fire is the timer's function: the hedge of the hedger it is set for.
-func (ht *hedgeTimer) fire() {
-	if h := ht.h.Load(); h != nil {
-		h.fire()
-	}
-}
-
-// arm sets h's timer to fire after d: a kept one when the goroutine is in
-// no synctest bubble (noBubble), else a new one. h.mu is held, so that a
-// fire waits until h.tm is set.
-func (h *hedger) arm(d time.Duration, noBubble bool) {
-	h.keepTimer = noBubble
+// takeHedger returns a hedger for a call: a kept one when the goroutine
+// is in no synctest bubble (noBubble), else a new one.
+func takeHedger(noBubble bool) *hedger {
 	if noBubble {
-		if ht, _ := hedgeTimers.Get().(*hedgeTimer); ht != nil {
-			ht.h.Store(h)
-			h.tm = ht
-			ht.timer.Reset(d)
-			return
+		if h, _ := hedgers.Get().(*hedger); h != nil {
+			return h
 		}
 	}
-	ht := new(hedgeTimer)
-	ht.h.Store(h)
-	h.tm = ht
-	ht.timer = time.AfterFunc(d, ht.fire)
+	h := &hedger{keepable: noBubble}
+	h.fireFn = h.fire
+	return h
 }
 
-// disarm stops h's timer, no hedge having been due: kept for the next
-// call when its function had not started (and never will) and it was
-// made outside any bubble.
-func (h *hedger) disarm() {
-	ht := h.tm
-	if ht.timer.Stop() && h.keepTimer {
-		h.tm = nil
-		ht.h.Store(nil)
-		hedgeTimers.Put(ht)
+// arm sets h's timer to fire after d. h.mu is held, so that a fire waits
+// until h.timer is set.
+func (h *hedger) arm(d time.Duration) {
+	if h.timer == nil {
+		h.timer = time.AfterFunc(d, h.fireFn)
+		return
 	}
+	h.timer.Reset(d)
+}
+
+// disarm stops h's timer, no hedge having been due, and hands h on to the
+// next call when the timer's function had not started (and never will)
+// and h was made outside any bubble.
+func (h *hedger) disarm() {
+	if !h.timer.Stop() || !h.keepable {
+		return
+	}
+	// What the call held is let go of (its hedgeSet is nil: no hedge was
+	// due); the timer and its function stay.
+	h.hedgeFirst, h.t, h.lat, h.base, h.req, h.key, h.retryIf = nil, nil, nil, nil, nil, "", nil
+	h.firstIn, h.over = false, false
+	hedgers.Put(h)
 }
 
 // noBubble reports that the goroutine that read now from the real clock
 // is in no synctest bubble: now has a monotonic reading, which a bubble's
 // clock never gives. (A wall clock past the year 2157 gives none either:
-// such a goroutine is taken to be in one, which only costs it a timer.)
+// such a goroutine is taken to be in one, which only costs it a hedger.)
 func noBubble(now time.Time) bool {
 	return now != now.Round(0)
 }
