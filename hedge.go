@@ -26,9 +26,10 @@ import (
 // cuts the tail for a few percent more requests).
 //
 // The first attempt runs on the caller's goroutine, and each hedge on the
-// timer's (time.AfterFunc): a call answered before its delay pays for the
-// hedger (which holds the first attempt's request and context) and a
-// timer, no goroutine, no channel and no context of its own.
+// timer's (time.AfterFunc): a call answered before its delay pays for its
+// hedgeFirst (the first attempt's request and context) alone, no
+// goroutine, no channel and no context of its own; its hedger and timer,
+// stopped unfired, are handed on to the next call (hedgetimer.go).
 
 // hedgeFloor is the shortest learned hedge delay. Below it a hedge fires
 // on the client's own scheduling delay rather than on the host's: with

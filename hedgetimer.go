@@ -25,7 +25,8 @@ import (
 // hedgers are kept and taken only outside any bubble, where the clock has
 // a monotonic reading, which a bubble's never has.
 
-// hedgers are hedgers stopped unfired, outside any synctest bubble.
+// hedgers are hedgers whose timers were stopped unfired, outside any
+// synctest bubble.
 var hedgers sync.Pool
 
 // takeHedger returns a hedger for a call: a kept one when the goroutine
