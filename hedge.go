@@ -26,9 +26,10 @@ import (
 // cuts the tail for a few percent more requests).
 //
 // The first attempt runs on the caller's goroutine, and each hedge on the
-// timer's (time.AfterFunc): a call answered before its delay pays for the
-// hedger (which holds the first attempt's request and context) and a
-// timer, no goroutine, no channel and no context of its own.
+// timer's (time.AfterFunc): a call answered before its delay pays for its
+// hedgeFirst (the first attempt's request and context) alone, no
+// goroutine, no channel and no context of its own; its hedger and timer,
+// stopped unfired, are handed on to the next call (hedgetimer.go).
 
 // hedgeFloor is the shortest learned hedge delay. Below it a hedge fires
 // on the client's own scheduling delay rather than on the host's: with
@@ -110,13 +111,15 @@ type hedgeAttempt struct {
 
 // hedger is a hedged call's first attempt and its hedges. It holds copies
 // of what the hedges need of the call, which stays on the caller's
-// goroutine's stack, and the first attempt's request and context, so that
-// a call answered before its delay pays for it and a timer alone.
+// goroutine's stack, its timer, and the first attempt's request and
+// context (in its hedgeFirst, which the caller may keep: the answer's
+// Request and Body). A call answered before its delay hands its hedger
+// and timer on to the next call (hedgetimer.go), and pays for its
+// hedgeFirst alone, made with its marked request when it has one.
 type hedger struct {
-	first   http.Request // the first attempt: the call's request, on ctx
-	ctx     firstCtx
-	body    firstBody // the first attempt's body, when it is the answer
+	*hedgeFirst
 	timer   *time.Timer
+	fireFn  func() // h.fire, made once with the hedger
 	t       *Transport
 	lat     *hostLatencies // the host's, as hedgeAfter found them: the first's answer goes there
 	base    *http.Request  // what every attempt shares
@@ -130,26 +133,36 @@ type hedger struct {
 	firstIn   bool // the first answered: no hedge's answer cancels it
 	over      bool // the call is done with hedging: no more go, the others clean up after themselves
 	limit     int8 // attempts at most, the first included (hedgeInFlight or fewer)
+	keepable  bool // made outside any synctest bubble: it may be handed on (hedgetimer.go)
 	*hedgeSet      // made when the first hedge is due
 }
 
-// markedHedger is a hedged call's hedger and its request marked for an
-// unknown base, made in one allocation: a call over such a base then makes
-// one copy of its request (the hedger's first, on its own context) beside
-// the mark's, in one allocation with it.
+// hedgeFirst is a hedged call's first attempt: its request, on its own
+// context, and its body when it is the answer. The caller may keep them
+// (the answer's Request and Body): they are never handed on.
+type hedgeFirst struct {
+	first http.Request // the first attempt: the call's request, on ctx
+	ctx   firstCtx
+	body  firstBody // the first attempt's body, when it is the answer
+}
+
+// markedHedger is a hedged call's first attempt and its request marked
+// for an unknown base, made in one allocation: a call over such a base
+// then makes one copy of its request (the first's, on its own context)
+// beside the mark's, in one allocation with it.
 type markedHedger struct {
-	h hedger
+	f hedgeFirst
 	m markedRequest
 }
 
 // newMarked makes the call's request marked for an unknown base; under
-// hedging, in one allocation with the hedger its first attempt may need.
+// hedging, in one allocation with the first attempt it may need.
 func (c *call) newMarked() *markedRequest {
 	if !c.t.hedging {
 		return new(markedRequest)
 	}
 	mh := new(markedHedger)
-	c.spare = &mh.h
+	c.spare = &mh.f
 	return &mh.m
 }
 
@@ -171,16 +184,18 @@ type hedgeSet struct {
 // made, and whether it was a plain success.
 func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 	t := c.t
-	h := c.spare
-	if h == nil {
-		h = new(hedger)
+	f := c.spare
+	if f == nil {
+		f = new(hedgeFirst)
 	}
+	h := takeHedger(c.noBubble())
+	h.hedgeFirst = f
 	h.t, h.lat, h.base, h.req, h.key, h.retryIf = t, c.lat, req, c.req, c.key, c.retryIf
 	h.delay, h.timeout, h.limit = delay, c.attemptTimeout, int8(min(c.maxAttempts, hedgeInFlight))
 	h.ctx.init(req.Context())
 	h.first = *req.WithContext(&h.ctx) // copied into the hedger: no request of its own
 	h.mu.Lock()                        // fire reads the timer, to set it again
-	h.timer = time.AfterFunc(delay, h.fire)
+	h.arm(delay)
 	h.mu.Unlock()
 	resp, err := t.attempt(&h.first, 1, c.attemptTimeout)
 	first := answer{n: 1, resp: resp, err: err, adm: c.adm}
@@ -192,8 +207,8 @@ func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 		// No hedge went: the first's answer is the call's, or its retry's.
 		h.over = true
 		h.mu.Unlock()
-		h.timer.Stop()
-		return h.keep(&first, !c.observe(&first))
+		h.disarm() // h is handed on: not to be touched again
+		return f.keep(&first, !c.observe(&first))
 	}
 	won := h.winner
 	h.mu.Unlock()
@@ -303,15 +318,15 @@ func (h *hedger) poke() {
 
 // keep hands back the first attempt's answer, observed: its context lives
 // until its body is closed.
-func (h *hedger) keep(first *answer, plain bool) (answer, bool) {
+func (f *hedgeFirst) keep(first *answer, plain bool) (answer, bool) {
 	switch resp := first.resp; {
 	case resp == nil:
-		h.ctx.cancel()
+		f.ctx.cancel()
 	case isReadWriter(resp.Body):
-		resp.Body = bodyWithCancel(resp.Body, h.ctx.cancel)
+		resp.Body = bodyWithCancel(resp.Body, f.ctx.cancel)
 	default:
-		h.body = firstBody{ReadCloser: resp.Body, ctx: &h.ctx}
-		resp.Body = &h.body
+		f.body = firstBody{ReadCloser: resp.Body, ctx: &f.ctx}
+		resp.Body = &f.body
 	}
 	return *first, plain
 }

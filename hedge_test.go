@@ -417,3 +417,79 @@ func TestHedgeFirstAttemptContext(t *testing.T) {
 		})
 	}
 }
+
+// ctxBody is a body that reads only while its attempt's context lives.
+type ctxBody struct {
+	ctx context.Context
+	r   *strings.Reader
+}
+
+func (b *ctxBody) Read(p []byte) (int, error) {
+	if err := b.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return b.r.Read(p)
+}
+
+func (b *ctxBody) Close() error { return nil }
+
+// TestHedgerHandedOn: a hedger whose call was answered before its delay
+// is handed on to the next call (hedgetimer.go), outside any synctest
+// bubble; calls answered at once and calls that hedge, side by side on
+// several goroutines, each get their own answer, and an answer kept while
+// later calls run still reads (its first attempt's context is its own).
+func TestHedgerHandedOn(t *testing.T) {
+	if !noBubble(time.Now()) {
+		t.Fatal("outside any bubble, the clock has no monotonic reading")
+	}
+	synctest.Test(t, func(t *testing.T) {
+		if noBubble(time.Now()) {
+			t.Error("inside a bubble, the clock has a monotonic reading")
+		}
+	})
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		id := r.Header.Get("X-Id")
+		if strings.HasPrefix(id, "slow") && ResendCount(r.Context()) == 0 {
+			<-r.Context().Done() // the first, until the hedge's answer ends it
+			return nil, r.Context().Err()
+		}
+		return &http.Response{StatusCode: 200, Header: http.Header{}, Request: r,
+			Body: &ctxBody{ctx: r.Context(), r: strings.NewReader(id)}}, nil
+	})
+	tr := New(WithBase(base), WithHedging(5*time.Millisecond))
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			var kept []*http.Response
+			for i := range 60 {
+				id := fmt.Sprintf("fast-%d-%d", g, i)
+				if i%6 == 5 {
+					id = fmt.Sprintf("slow-%d-%d", g, i)
+				}
+				req, _ := http.NewRequest(http.MethodGet, "http://handed.test/", nil)
+				req.Header.Set("X-Id", id)
+				resp, err := tr.RoundTrip(req)
+				if err != nil {
+					t.Errorf("%s: %v", id, err)
+					return
+				}
+				if i%10 == 0 {
+					kept = append(kept, resp) // read after later calls
+					continue
+				}
+				if b, err := io.ReadAll(resp.Body); err != nil || string(b) != id {
+					t.Errorf("%s: got %q, %v", id, b, err)
+				}
+				resp.Body.Close()
+			}
+			for _, resp := range kept {
+				id := resp.Request.Header.Get("X-Id")
+				if b, err := io.ReadAll(resp.Body); err != nil || string(b) != id {
+					t.Errorf("%s, kept: got %q, %v", id, b, err)
+				}
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+}

@@ -157,9 +157,9 @@ type call struct {
 	// lat is the host's latencies, for a learned hedge delay, found by
 	// hedgeAfter: the first attempt's answer is added to them.
 	lat *hostLatencies
-	// spare is the hedger made with the marked request (newMarked), for
-	// hedged to use.
-	spare *hedger
+	// spare is the first attempt's hedgeFirst made with the marked
+	// request (newMarked), for hedged to use.
+	spare *hedgeFirst
 }
 
 // hostName is the host the call goes to, made on first use: the success
