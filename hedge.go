@@ -188,7 +188,7 @@ func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 	if f == nil {
 		f = new(hedgeFirst)
 	}
-	h := takeHedger(c.noBubble())
+	h := c.t.takeHedger(c.noBubble())
 	h.hedgeFirst = f
 	h.t, h.lat, h.base, h.req, h.key, h.retryIf = t, c.lat, req, c.req, c.key, c.retryIf
 	h.delay, h.timeout, h.limit = delay, c.attemptTimeout, int8(min(c.maxAttempts, hedgeInFlight))

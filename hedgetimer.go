@@ -25,15 +25,16 @@ import (
 // hedgers are kept and taken only outside any bubble, where the clock has
 // a monotonic reading, which a bubble's never has.
 
-// hedgers are hedgers whose timers were stopped unfired, outside any
-// synctest bubble.
-var hedgers sync.Pool
+// hedgerPool holds a Transport's hedgers whose timers were stopped
+// unfired, outside any synctest bubble: the Transport's own, not the
+// process's, so that nothing of one Transport outlives it in a global.
+type hedgerPool struct{ sync.Pool }
 
 // takeHedger returns a hedger for a call: a kept one when the goroutine
 // is in no synctest bubble (noBubble), else a new one.
-func takeHedger(noBubble bool) *hedger {
+func (t *Transport) takeHedger(noBubble bool) *hedger {
 	if noBubble {
-		if h, _ := hedgers.Get().(*hedger); h != nil {
+		if h, _ := t.hedgers.Get().(*hedger); h != nil {
 			return h
 		}
 	}
@@ -59,11 +60,12 @@ func (h *hedger) disarm() {
 	if !h.timer.Stop() || !h.keepable {
 		return
 	}
+	pool := &h.t.hedgers
 	// What the call held is let go of (its hedgeSet is nil: no hedge was
 	// due); the timer and its function stay.
 	h.hedgeFirst, h.t, h.lat, h.base, h.req, h.key, h.retryIf = nil, nil, nil, nil, nil, "", nil
 	h.firstIn, h.over = false, false
-	hedgers.Put(h)
+	pool.Put(h)
 }
 
 // noBubble reports that the goroutine that read now from the real clock

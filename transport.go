@@ -41,6 +41,9 @@ type Transport struct {
 	// latencies are the hosts' recent latencies, for a learned hedge
 	// delay (WithHedging(0)); nil otherwise.
 	latencies *latencyTable
+	// hedgers are the hedgers and timers of calls answered before their
+	// hedge, handed on to the next (hedgetimer.go).
+	hedgers hedgerPool
 }
 
 // New returns a Transport configured by opts; without options it retries
