@@ -135,7 +135,8 @@ func serverNow(h http.Header, now time.Time) time.Time {
 // ok is false when no header says a quota is spent, or no reset of one is
 // usable.
 func quotaReset(h http.Header, now time.Time) (wait time.Duration, ok bool) {
-	if !mayLimit(h) {
+	f := limitFamiliesOf(h)
+	if f == 0 {
 		return 0, false // no header of a quota: none of the lookups below can find one
 	}
 	longest := func(d time.Duration, good bool) {
@@ -143,25 +144,31 @@ func quotaReset(h http.Header, now time.Time) (wait time.Duration, ok bool) {
 			wait, ok = d, true
 		}
 	}
-	if v := firstValue(h, "Ratelimit"); v != "" && len(v) <= maxRateLimitLen {
-		secs, good := parseRateLimitField(v)
-		longest(time.Duration(secs)*time.Second, good)
-	}
-	if isZero(firstValue(h, "Ratelimit-Remaining")) {
-		secs, good := parseSeconds(firstValue(h, "Ratelimit-Reset"))
-		longest(time.Duration(secs)*time.Second, good)
-	}
-	if isZero(firstValue(h, "X-Ratelimit-Remaining")) {
-		longest(epochOrDelay(firstValue(h, "X-Ratelimit-Reset"), h, now))
-	}
-	for _, q := range openAIQuotas {
-		if isZero(firstValue(h, q.remaining)) {
-			longest(parseResetDuration(firstValue(h, q.reset)))
+	if f&famRateLimit != 0 {
+		if v := firstValue(h, "Ratelimit"); v != "" && len(v) <= maxRateLimitLen {
+			secs, good := parseRateLimitField(v)
+			longest(time.Duration(secs)*time.Second, good)
+		}
+		if isZero(firstValue(h, "Ratelimit-Remaining")) {
+			secs, good := parseSeconds(firstValue(h, "Ratelimit-Reset"))
+			longest(time.Duration(secs)*time.Second, good)
 		}
 	}
-	for _, q := range anthropicQuotas {
-		if isZero(firstValue(h, q.remaining)) {
-			longest(untilTime(firstValue(h, q.reset), h, now))
+	if f&famXRateLimit != 0 {
+		if isZero(firstValue(h, "X-Ratelimit-Remaining")) {
+			longest(epochOrDelay(firstValue(h, "X-Ratelimit-Reset"), h, now))
+		}
+		for _, q := range openAIQuotas {
+			if isZero(firstValue(h, q.remaining)) {
+				longest(parseResetDuration(firstValue(h, q.reset)))
+			}
+		}
+	}
+	if f&famAnthropic != 0 {
+		for _, q := range anthropicQuotas {
+			if isZero(firstValue(h, q.remaining)) {
+				longest(untilTime(firstValue(h, q.reset), h, now))
+			}
 		}
 	}
 	return wait, ok
@@ -200,39 +207,52 @@ func quotaHeaders(h http.Header) bool {
 		len(h["X-Ratelimit-Remaining-Requests"]) > 0 || len(h["Anthropic-Ratelimit-Requests-Remaining"]) > 0)
 }
 
-// mayLimitScan is the most headers mayLimit reads the names of: past it,
-// the lookups cost less than the reading.
+// mayLimitScan is the most headers limitFamiliesOf reads the names of:
+// past it, the lookups cost less than the reading.
 const mayLimitScan = 8
 
-// mayLimit reports whether h may hold a header that quotaReset reads:
-// every one of them is named Ratelimit*, X-Ratelimit* or
+// limitFamilies says which families of quota headers a response may hold,
+// one bit each: quotaReset looks up only those of the families there.
+type limitFamilies uint8
+
+const (
+	famRateLimit  limitFamilies = 1 << iota // Ratelimit, Ratelimit-* (the IETF draft's)
+	famXRateLimit                           // X-Ratelimit-* (GitHub's and most APIs', OpenAI's)
+	famAnthropic                            // Anthropic-Ratelimit-*
+	famAll        = famRateLimit | famXRateLimit | famAnthropic
+)
+
+// limitFamiliesOf reports the families of quota headers h may hold: every
+// header quotaReset reads is named Ratelimit*, X-Ratelimit* or
 // Anthropic-Ratelimit*, canonical as quotaReset's keys are. One pass over
 // a few names (none for an empty header) instead of nine lookups, on the
-// successes of a host with a record; false only when no such header is
-// there.
-func mayLimit(h http.Header) bool {
+// successes of a host with a record; a family is left out only when none
+// of its headers is there (past mayLimitScan names, none is).
+func limitFamiliesOf(h http.Header) limitFamilies {
 	if len(h) > mayLimitScan {
-		return true
+		return famAll
 	}
+	var f limitFamilies
 	for k := range h {
-		if rateLimitName(k) {
-			return true
-		}
+		f |= rateLimitFamily(k)
 	}
-	return false
+	return f
 }
 
-// rateLimitName reports a canonical header name of a quota family.
-func rateLimitName(k string) bool {
+// mayLimit reports whether h may hold a header that quotaReset reads.
+func mayLimit(h http.Header) bool { return limitFamiliesOf(h) != 0 }
+
+// rateLimitFamily is the quota family of a canonical header name, if any.
+func rateLimitFamily(k string) limitFamilies {
 	switch {
-	case len(k) >= 9 && k[0] == 'R':
-		return k[:9] == "Ratelimit"
-	case len(k) >= 11 && k[0] == 'X':
-		return k[:11] == "X-Ratelimit"
-	case len(k) >= 19 && k[0] == 'A':
-		return k[:19] == "Anthropic-Ratelimit"
+	case len(k) >= 9 && k[0] == 'R' && k[:9] == "Ratelimit":
+		return famRateLimit
+	case len(k) >= 11 && k[0] == 'X' && k[:11] == "X-Ratelimit":
+		return famXRateLimit
+	case len(k) >= 19 && k[0] == 'A' && k[:19] == "Anthropic-Ratelimit":
+		return famAnthropic
 	}
-	return false
+	return 0
 }
 
 // scopedQuota reports an answer whose X-RateLimit-* headers are of one

@@ -292,18 +292,23 @@ func BenchmarkQuotaHeaders(b *testing.B) {
 // a host with a record quotaReset's lookups on a plain success says yes
 // for every name quotaReset reads, and no only for headers of none.
 func TestMayLimitNames(t *testing.T) {
-	names := []string{"Ratelimit", "Ratelimit-Remaining", "Ratelimit-Reset", "X-Ratelimit-Remaining", "X-Ratelimit-Reset"}
+	families := map[string]limitFamilies{"Ratelimit": famRateLimit, "Ratelimit-Remaining": famRateLimit, "Ratelimit-Reset": famRateLimit,
+		"X-Ratelimit-Remaining": famXRateLimit, "X-Ratelimit-Reset": famXRateLimit}
 	for _, q := range openAIQuotas {
-		names = append(names, q.limit, q.remaining, q.reset)
+		families[q.limit], families[q.remaining], families[q.reset] = famXRateLimit, famXRateLimit, famXRateLimit
 	}
 	for _, q := range anthropicQuotas {
-		names = append(names, q.limit, q.remaining, q.reset)
+		families[q.limit], families[q.remaining], families[q.reset] = famAnthropic, famAnthropic, famAnthropic
 	}
-	for _, n := range names {
+	for n, fam := range families {
 		h := http.Header{"Content-Type": {"text/plain"}, "Date": {"Mon, 02 Jan 2006 15:04:05 GMT"}}
 		h.Set(n, "0")
 		if !mayLimit(h) {
 			t.Errorf("mayLimit misses %s", n)
+		}
+		// quotaReset looks the name up under its family's bit alone.
+		if got := limitFamiliesOf(h); got != fam {
+			t.Errorf("limitFamiliesOf(%s) = %b, want %b", n, got, fam)
 		}
 	}
 	if mayLimit(http.Header{}) || mayLimit(http.Header{"Content-Type": {"text/plain"}, "X-Request-Id": {"1"}, "Retry-After": {"1"}}) {

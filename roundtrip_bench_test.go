@@ -39,6 +39,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 		{"GET/retryhttp-transport", New(WithBase(tr)), memGet},
 		{"GET/retryhttp-nested-mark", New(WithBase(&countingBase{base: memBase{}})), get},
 		{"GET/retryhttp-record", withRecord(b, get), get},
+		{"GET/retryhttp-quota", New(WithBase(quotaBase{})), get},
 		{"POST/bare", memBase{}, post},
 		{"POST/retryhttp", New(WithBase(memBase{})), post},
 	} {
@@ -52,6 +53,18 @@ func BenchmarkRoundTrip(b *testing.B) {
 			}
 		})
 	}
+}
+
+// quotaBase answers every request 200 announcing a quota of a million a
+// second: the model learns it and paces at it, never waiting.
+type quotaBase struct{}
+
+func (quotaBase) RoundTrip(req *http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: 200, Header: http.Header{
+		"X-Ratelimit-Limit":     {"1000000"},
+		"X-Ratelimit-Remaining": {"999999"},
+		"X-Ratelimit-Reset":     {"1"},
+	}, Body: http.NoBody, Request: req}, nil
 }
 
 // withRecord returns a Transport with the defaults whose host of req
