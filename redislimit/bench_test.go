@@ -13,6 +13,7 @@ import (
 	"github.com/retryhttp/retryhttp"
 	"github.com/retryhttp/retryhttp/redislimit"
 	"github.com/retryhttp/retryhttp/redislimit/internal/redistest"
+	"golang.org/x/time/rate"
 )
 
 // A pace no benchmark reaches: every Reserve takes a slot at once, so what
@@ -56,6 +57,46 @@ func BenchmarkReserve(b *testing.B) {
 				b.Fatal("the Limiter fell back: Redis failed during the benchmark")
 			}
 		})
+	}
+}
+
+// BenchmarkReserveUnpacedSlowRedis is a Reserve for an unpaced host that
+// needs nothing (no parking, no pace, no down mark), with every command to
+// Redis 50-200 ms away (issue 27): after the first, which asks Redis, a
+// Reserve waits on no round trip; it reads what a refresh off the request's
+// path keeps. ns/op is the Reserve's own cost, far below one round trip.
+func BenchmarkReserveUnpacedSlowRedis(b *testing.B) {
+	proxy := redistest.StartProxy(b, redistest.Addr(b))
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr})
+	b.Cleanup(func() { rdb.Close() })
+	l := redislimit.New(rdb, redislimit.WithPrefix(testPrefix(b)), redislimit.WithTimeout(500*time.Millisecond))
+	b.Cleanup(func() { l.Close() })
+	ctx := context.Background()
+	if err := l.Check(ctx); err != nil {
+		b.Fatal(err)
+	}
+	proxy.SetLatency(50*time.Millisecond, 200*time.Millisecond)
+	unpaced := retryhttp.Attempt{Host: "unpaced.test", Pace: retryhttp.Pace{Limit: rate.Inf}}
+	unpaced.Now = time.Now()
+	if res, err := l.Reserve(ctx, unpaced); err != nil || !res.OK {
+		b.Fatalf("first Reserve = %+v, %v", res, err)
+	}
+	b.ReportAllocs()
+	var slowest time.Duration
+	for b.Loop() {
+		unpaced.Now = time.Now()
+		res, err := l.Reserve(ctx, unpaced)
+		if err != nil || !res.OK {
+			b.Fatalf("Reserve = %+v, %v", res, err)
+		}
+		slowest = max(slowest, time.Since(unpaced.Now))
+	}
+	b.ReportMetric(float64(slowest.Microseconds()), "slowest-µs")
+	if slowest >= 50*time.Millisecond {
+		b.Fatalf("a Reserve took %v with Redis 50-200 ms away: it waited on Redis", slowest)
+	}
+	if l.Fallback() {
+		b.Fatal("the Limiter fell back")
 	}
 }
 
