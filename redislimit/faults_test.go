@@ -259,7 +259,11 @@ func TestBucketOutlivesData(t *testing.T) {
 			// more (runOnceMore): on the real clock, under -race, a run
 			// now and then holds 23-24 (the core of 9f29470 too: 2 of 8
 			// runs of -count 8), where a fault of the limiter's misses
-			// every run.
+			// every run. So is one whose pace stopped: alone, the
+			// longest gap is 150-320 ms (16 runs); in the full suite
+			// under -race, with the other tests on both cores, a restart
+			// now and then shows 500-650 ms, the core before 95e0f16
+			// too (533 ms).
 			runOnceMore(t, func(try int, last bool) bool {
 				srv := redistest.StartT(t)
 				host := newFleetHost(t)
@@ -269,11 +273,12 @@ func TestBucketOutlivesData(t *testing.T) {
 				ts := host.served()
 				t.Logf("run %d: per second: %s", try, perSecond(ts, start, total))
 				t.Logf("run %d: per 100ms from the loss: %v", try, histogram(between(ts, start.Add(lose), start.Add(total)), 100*time.Millisecond))
-				if !last && overBusiest(ts, start, start, start.Add(total)) {
+				from, to := start.Add(lose-500*time.Millisecond), start.Add(total-500*time.Millisecond)
+				if !last && (overBusiest(ts, start, start, start.Add(total)) || stopped(ts, from, to)) {
 					return true
 				}
 				checkBusiest(t, "whole run", ts, start, start, start.Add(total))
-				checkGoesOn(t, ts, start.Add(lose-500*time.Millisecond), start.Add(total-500*time.Millisecond))
+				checkGoesOn(t, ts, from, to)
 				return false
 			})
 		})
@@ -284,16 +289,28 @@ func TestBucketOutlivesData(t *testing.T) {
 // processes know what Redis lost, and keep their shares through it.
 func checkGoesOn(t *testing.T, ts []time.Time, from, to time.Time) {
 	t.Helper()
+	rate, gap := goesOn(ts, from, to)
+	t.Logf("%.1f/s around the loss, longest gap %v", rate, gap.Round(time.Millisecond))
+	if stopped(ts, from, to) {
+		t.Errorf("%.1f/s around the loss and a gap of %v: the pace stopped", rate, gap.Round(time.Millisecond))
+	}
+}
+
+// goesOn is the rate in [from, to) and its longest gap.
+func goesOn(ts []time.Time, from, to time.Time) (float64, time.Duration) {
 	in := between(ts, from, to)
 	gap := time.Duration(0)
 	for i := 1; i < len(in); i++ {
 		gap = max(gap, in[i].Sub(in[i-1]))
 	}
-	rate := float64(len(in)) / to.Sub(from).Seconds()
-	t.Logf("%.1f/s around the loss, longest gap %v", rate, gap.Round(time.Millisecond))
-	if rate < 0.7*pace || gap > 400*time.Millisecond {
-		t.Errorf("%.1f/s around the loss and a gap of %v: the pace stopped", rate, gap.Round(time.Millisecond))
-	}
+	return float64(len(in)) / to.Sub(from).Seconds(), gap
+}
+
+// stopped reports a pace that stopped in [from, to): under 70 % of it, or
+// a gap over 400 ms.
+func stopped(ts []time.Time, from, to time.Time) bool {
+	rate, gap := goesOn(ts, from, to)
+	return rate < 0.7*pace || gap > 400*time.Millisecond
 }
 
 func flushAll(s *redistest.Server) error {
