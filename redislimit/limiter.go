@@ -334,7 +334,6 @@ func (l *Limiter) Reserve(ctx context.Context, a retryhttp.Attempt) (retryhttp.R
 	if !l.useRedis(srv) {
 		return l.local(srv, a, 0), nil
 	}
-	sent := time.Since(l.start)
 	res, elapsed, err := l.reserveRedis(ctx, srv, a)
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
@@ -346,9 +345,7 @@ func (l *Limiter) Reserve(ctx context.Context, a retryhttp.Attempt) (retryhttp.R
 		l.fail(srv, err)
 		return l.local(srv, a, elapsed), nil
 	}
-	if !l.sentBeforeFall(srv, sent, elapsed) {
-		l.answeredFor(srv, a.Host)
-	}
+	l.answeredFor(srv, a.Host)
 	if res[0] == codeProbed {
 		// Redis is back: ask again as a process that is back, once the
 		// slots it handed out in process have passed.
@@ -460,7 +457,7 @@ func (l *Limiter) reservation(srv *server, a retryhttp.Attempt, res []int64, ela
 	}
 	if l.mem.heard(a.Host, answer{at: at, lead: time.Duration(res[3]) * time.Microsecond,
 		n: int(res[4]), rank: int(res[5]), rate: float64(res[6]) / 1e6, burst: int(res[7]),
-		sub: l.sub.Load(), lane: res[0] == codeLane, took: res[0] == codeTaken, step: time.Duration(res[8]) * time.Microsecond, claim: res[9], redisNow: res[11], share: int(res[12])}) {
+		sub: l.sub.Load(), lane: res[0] == codeLane, claim: res[9], redisNow: res[11], share: int(res[12])}) {
 		l.keepOn()
 	}
 	switch res[0] {

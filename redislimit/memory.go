@@ -65,12 +65,9 @@ type memHost struct {
 	knownAt, laneAt time.Time
 	synced          bool
 	// peak is the longest lead of the bucket an answer told in the second
-	// to peakAt, less this process's own slots still to come in it: the
-	// queue the others may have kept. own0 is that part of the lead the
-	// last answer out of a lane told.
+	// to peakAt: the queue the others may have kept.
 	peak   time.Duration
 	peakAt time.Time
-	own0   time.Duration
 	// n and rank are the host's claims and this one's place among them, as
 	// of the last recount, at hbAt; zero n: never heard. share is what
 	// this process may pace at in process, 1/share of the pace, as its
@@ -112,15 +109,8 @@ type memHost struct {
 	gap, dl          time.Duration
 	local            bool
 	// slots is when the last slot Redis gave this process for the host
-	// comes: a request waiting for it still wants the host. pend holds
-	// the slots from Redis still to come, earliest first (pendMax at
-	// most): its own part of the bucket's lead (see heard); passed is the
-	// latest of those that came, and wgap the gap between wants less the
-	// time spent waiting for a slot of its own (see prepare).
-	slots  time.Time
-	pend   []time.Time
-	passed time.Time
-	wgap   time.Duration
+	// comes: a request waiting for it still wants the host.
+	slots time.Time
 	// waited: the process waited for Redis, holding no claim on the host
 	// (it never reached Redis for it, or gave its share back). orphan: it
 	// held a claim that Redis has lost since (a restart, a flush), and
@@ -234,15 +224,7 @@ func (m *memory) reserve(a retryhttp.Attempt, p retryhttp.Pace, sh share) retryh
 		}
 		if n > 1 && lost.After(h.knownAt) {
 			move := min(lost.Sub(h.knownAt), time.Second)
-			// Not this process's own slots from Redis: they are its
-			// share, which the others leave it; what they keep ahead
-			// is theirs. (Counted with them, a fall started the
-			// process's slots in process a queue of its own late:
-			// 0.2 s of its share at a third of 20/s with four requests
-			// waiting, TestLinkNearTimeout.) Nor before its last slot
-			// from Redis.
-			start = h.knownAt.Add(move + max(h.rtat.Sub(h.knownAt)-h.own0, h.peak))
-			start = later(start, h.slots)
+			start = h.knownAt.Add(move + max(h.rtat.Sub(h.knownAt), h.peak))
 		}
 		if start.After(h.tat) {
 			h.tat = start
@@ -356,9 +338,6 @@ type answer struct {
 	burst int
 	sub   int64 // the subscription's generation when it arrived
 	lane  bool  // processes are coming back from an outage (codeLane)
-	// took: the call took a slot, of step (the interval it was taken at)
-	took bool
-	step time.Duration
 	// claim is this process's claim's deadline, in µs of Redis's clock,
 	// whose now the answer told (redisNow): -1 when it holds none, -2
 	// when the call did not look. share is the claim's share, 1/share of
@@ -394,20 +373,8 @@ func (m *memory) heard(host string, a answer) bool {
 	switch {
 	case !a.lane:
 		h.knownAt, h.laneAt = a.at, time.Time{}
-		// This process's own slots in the lead: those still to come,
-		// and the one this answer gave.
-		own := 0
-		for _, x := range h.pend {
-			if x.After(a.at) {
-				own++
-			}
-		}
-		if a.took {
-			own++
-		}
-		h.own0 = min(time.Duration(own)*a.step, max(a.lead, 0))
-		if lead := a.lead - h.own0; lead >= h.peak || a.at.Sub(h.peakAt) >= time.Second {
-			h.peak, h.peakAt = lead, a.at
+		if a.lead >= h.peak || a.at.Sub(h.peakAt) >= time.Second {
+			h.peak, h.peakAt = a.lead, a.at
 		}
 	case h.laneAt.IsZero():
 		h.laneAt = a.at
@@ -526,35 +493,11 @@ func (m *memory) prepare(host, prefix string, now time.Time, paced, wants bool) 
 	if wants {
 		last = later(last, h.demand)
 	}
-	// The slots of its own from Redis that have come: a request that
-	// waited for one may want the host again once it has gone.
-	k := 0
-	for k < len(h.pend) && !h.pend[k].After(now) {
-		h.passed = later(h.passed, h.pend[k])
-		k++
-	}
-	h.pend = h.pend[:copy(h.pend, h.pend[k:])]
 	if g := now.Sub(last); !h.lastCall.IsZero() && g >= 0 {
 		h.gap = min(max(g, h.gap/2), presenceMax)
-		if wants {
-			w := now.Sub(later(last, h.passed))
-			h.wgap = min(max(w, h.wgap/2), presenceMax)
-		}
 	}
 	h.lastCall, h.demand = now, now
 	p.dl = max(min(max(2*h.gap, presenceFloor), presenceMax), lead)
-	if wants {
-		// A process whose requests wait for their slots calls in
-		// bunches, one call as each slot of its own comes, and the gap
-		// between bunches (the others' slots: 0.4 s at a third of 20/s
-		// with four requests each) is time it spent waiting, which the
-		// lead covers: counted twice as well, it held the claim present
-		// for 0.9 s after a call, and so held back the process's first
-		// slot in process at a fall as long (TestLinkNearTimeout). So
-		// the lead, and twice the gap between a slot of its own and its
-		// next want after it; never longer than before.
-		p.dl = min(p.dl, lead+max(2*h.wgap, presenceFloor))
-	}
 	h.dl = p.dl
 	return p
 }

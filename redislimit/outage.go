@@ -117,30 +117,6 @@ func (l *Limiter) slowBackNow(srv *server) bool {
 	return srv.inTime.Add(1) >= slowBack
 }
 
-// sentBeforeFall reports whether a call to srv sent at sent (since the
-// Limiter's start) and answered elapsed later, in time, went out before
-// srv's latest fall while srv is still failing: its answer says nothing
-// of a server that came back, and brings nobody back. On a link that
-// slowed, such answers are the ones that come in time after the first
-// late call, and went back to Redis at once, within milliseconds of the
-// fall: the process was not held then, its first late call having come
-// before any slow answer, and fell a second time (each of the three
-// processes, on 30-80 ms for a 50 ms timeout: two falls each, 13-15/s in
-// the second after the slowing, TestLinkNearTimeout). One that came
-// slowly, in half the timeout or more, shows the link slow: the process
-// is held as if it had seen it before the fall (see slowBack). A freeze
-// or a stop gives no such answer: the calls out at the fall fail too.
-// Not on a Cluster, whose processes come back at the first answer.
-func (l *Limiter) sentBeforeFall(srv *server, sent, elapsed time.Duration) bool {
-	if !l.stale || !srv.down.Load() || int64(sent) >= srv.downAt.Load() {
-		return false
-	}
-	if elapsed >= l.timeout/2 {
-		srv.slow.Store(true)
-	}
-	return true
-}
-
 // answered records a call that srv answered: back to Redis, if the
 // Limiter was pacing its hosts in process.
 func (l *Limiter) answered(srv *server) { l.answeredFor(srv, "") }
