@@ -79,10 +79,6 @@ func fixed(f float64) uint64 {
 // recordFirst counts a first try, made at now.
 func (b *Budget) recordFirst(now time.Time) { b.firsts.add(now) }
 
-// recordFirstUndated counts a first try made now, reading clk only to date
-// the batch it joins (see lazyCounter).
-func (b *Budget) recordFirstUndated(clk Clock) (time.Time, bool) { return b.firsts.addUndated(clk) }
-
 // canRetry reports whether the window has a retry to give now, spending
 // none.
 func (b *Budget) canRetry(now time.Time) bool {

@@ -205,7 +205,7 @@ func TestLazyCounterUndated(t *testing.T) {
 	clk := &stepClock{now: t0}
 	b := NewBudget(0.1, 0)
 	for range 10 {
-		b.recordFirstUndated(clk)
+		b.firsts.addUndated(clk) // as a calm call counts its first try
 	}
 	if !b.tryRetry(t0) || b.tryRetry(t0) {
 		t.Error("10 undated first tries at 10 % should allow exactly one retry")

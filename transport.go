@@ -185,7 +185,8 @@ func (c *call) run() (*http.Response, error) {
 		defer c.replay.finish()
 	}
 	calm := t.calm(c)
-	if c.unheld = !calm && t.unheld(c); calm || c.unheld {
+	c.unheld = !calm && t.unheld(c)
+	if calm || c.unheld {
 		// Nothing held for any host, or for this one: admitted at once,
 		// and no clock read (calm.go). c.start and c.adm.at stay zero
 		// until an answer needs them (observe).
