@@ -67,21 +67,27 @@ func learnedHedge(p95 time.Duration) time.Duration {
 // when three of its attempts in a row are, not two.
 const hedgeInFlight = 3
 
+// mayHedge reports whether the call's first attempt is hedged, needKey
+// saying it gets WithAutoIdempotencyKey's key; prepare asks it, before
+// the first attempt's request is made. A request that is safe to repeat
+// only by WithSafeToRepeat's word has its predicate asked here, since a
+// hedge repeats a request that has not failed.
+func (c *call) mayHedge(needKey bool) bool {
+	return c.t.hedging && c.maxAttempts >= 2 && rewindable(c.req) &&
+		(needKey || replayable(c.req) || c.safeToRepeat())
+}
+
 // hedgeAfter returns when to hedge the call's first attempt; 0 for never.
-// A request that is safe to repeat only by WithSafeToRepeat's word has its
-// predicate asked here, before the first attempt, since a hedge repeats a
-// request that has not failed.
 func (c *call) hedgeAfter() time.Duration {
 	t := c.t
-	if !t.hedging || c.maxAttempts < 2 || !rewindable(c.req) ||
-		!(c.key != "" || replayable(c.req) || c.safeToRepeat()) {
+	if !c.hedge {
 		return 0
 	}
 	if t.hedgeDelay > 0 {
 		return t.hedgeDelay
 	}
 	p95, lat := t.latencies.find(c.req.URL.Host, c.start)
-	c.lat = lat
+	c.lat, c.timed = lat, lat.timed(p95)
 	return learnedHedge(p95)
 }
 
@@ -128,6 +134,7 @@ type hedger struct {
 	retryIf func(*http.Response, error) bool
 	delay   time.Duration
 	timeout time.Duration
+	timed   bool // its attempts' latencies are learned (hostLatencies.timed)
 
 	mu        sync.Mutex
 	firstIn   bool // the first answered: no hedge's answer cancels it
@@ -146,24 +153,29 @@ type hedgeFirst struct {
 	body  firstBody // the first attempt's body, when it is the answer
 }
 
-// markedHedger is a hedged call's first attempt and its request marked
-// for an unknown base, made in one allocation: a call over such a base
-// then makes one copy of its request (the first's, on its own context)
-// beside the mark's, in one allocation with it.
+// markedHedger is a hedged call's first attempt and the mark of its
+// request for an unknown base, made in one allocation. The call's base
+// request (c.base) is the first attempt's request itself, made on the
+// first's context (newMarked), and what the hedges and retries make from
+// it takes the context under that one (c.baseCtx, the first's parent), so
+// that the call makes one copy of its request, not three, and the whole
+// stays under 512 bytes, which the runtime allocates with no header.
 type markedHedger struct {
-	f hedgeFirst
-	m markedRequest
+	f    hedgeFirst
+	mark passedDownCtx
 }
 
-// newMarked makes the call's request marked for an unknown base; under
-// hedging, in one allocation with the first attempt it may need.
-func (c *call) newMarked() *markedRequest {
-	if !c.t.hedging {
-		return new(markedRequest)
+// newMarked returns the mark of the call's request for an unknown base
+// and where the marked request goes: for a call to be hedged, both in one
+// allocation with its first attempt (c.spare), whose request it is.
+func (c *call) newMarked() (*passedDownCtx, *http.Request) {
+	if !c.hedge {
+		m := new(markedRequest)
+		return &m.ctx, &m.req
 	}
 	mh := new(markedHedger)
 	c.spare = &mh.f
-	return &mh.m
+	return &mh.mark, &mh.f.first
 }
 
 // hedgeSet is a hedged call's hedges, once one is due: a call answered
@@ -191,10 +203,12 @@ func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 	h := c.t.takeHedger(c.noBubble())
 	h.hedgeFirst = f
 	h.t, h.lat, h.base, h.req, h.key, h.retryIf = t, c.lat, req, c.req, c.key, c.retryIf
-	h.delay, h.timeout, h.limit = delay, c.attemptTimeout, int8(min(c.maxAttempts, hedgeInFlight))
-	h.ctx.init(req.Context())
-	h.first = *req.WithContext(&h.ctx) // copied into the hedger: no request of its own
-	h.mu.Lock()                        // fire reads the timer, to set it again
+	h.delay, h.timeout, h.limit, h.timed = delay, c.attemptTimeout, int8(min(c.maxAttempts, hedgeInFlight)), c.timed
+	h.ctx.init(c.baseCtx)
+	if req != &f.first {
+		f.first = *req.WithContext(&h.ctx) // copied into the hedgeFirst: no request of its own
+	}
+	h.mu.Lock() // fire reads the timer, to set it again
 	h.arm(delay)
 	h.mu.Unlock()
 	resp, err := t.attempt(&h.first, 1, c.attemptTimeout)
@@ -357,7 +371,7 @@ func (h *hedger) answer(c *call, g *hedgeAttempt) (answer, bool) {
 // in r, when it is the host's record.
 func (h *hedger) learn(r *hostLatencies, resp *http.Response, at time.Time) {
 	lt := h.t.latencies
-	if lt == nil || resp == nil {
+	if lt == nil || resp == nil || !h.timed {
 		return
 	}
 	if code := resp.StatusCode; code >= 500 || code == http.StatusRequestTimeout || code == http.StatusTooManyRequests {
@@ -398,7 +412,10 @@ func (h *hedger) fire() {
 	g := &h.hedges[h.fired]
 	h.fired++
 	g.n = 1 + h.fired
-	ctx, cancel := context.WithCancel(context.WithValue(h.base.Context(), resendKey{}, g.n-1))
+	// From the first's parent, not from h.base's context: the base
+	// request may be the first's own (markedHedger), on the first's
+	// context, which ends when a hedge wins.
+	ctx, cancel := context.WithCancel(context.WithValue(h.ctx.Context, resendKey{}, g.n-1))
 	g.state, g.cancel = hedgeReady, cancel
 	h.mu.Unlock()
 

@@ -495,3 +495,88 @@ func TestHedgeNotSentIsReported(t *testing.T) {
 		})
 	}
 }
+
+// TestHedgedCallRetriesOnLiveContext: over a base that is not net/http's,
+// the call's request is its hedged first attempt's too (markedHedger), on
+// the first's context, which ends once a hedge's answer is taken. What is
+// made from it after (a retry of the hedge's failure, a hedge that wins)
+// takes the context the first had before: a retry then reaches the base
+// on a live context, and a hedge's winning body is read whole after the
+// first was cancelled.
+func TestHedgedCallRetriesOnLiveContext(t *testing.T) {
+	type result struct {
+		Code     int
+		Body     string
+		Attempts int
+		Live     []bool // each attempt's context alive when it reached the base
+	}
+	for _, tc := range []struct {
+		name string
+		// answer is attempt n's delay, status and body; the hedge is 2.
+		answer func(n int) (time.Duration, int, string)
+		want   result
+	}{
+		{name: "retry after a hedge's failure",
+			answer: func(n int) (time.Duration, int, string) {
+				switch n {
+				case 1:
+					return 150 * time.Millisecond, 503, "first"
+				case 2:
+					return 100 * time.Millisecond, 503, "hedge"
+				}
+				return 10 * time.Millisecond, 200, "retry"
+			},
+			want: result{200, "retry", 3, []bool{true, true, true}}},
+		{name: "hedge wins",
+			answer: func(n int) (time.Duration, int, string) {
+				if n == 1 {
+					return time.Minute, 200, "first"
+				}
+				return 10 * time.Millisecond, 200, "hedge"
+			},
+			want: result{200, "hedge", 2, []bool{true, true}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var (
+					mu   sync.Mutex
+					live []bool
+				)
+				base := &slowBase{start: time.Now(), answer: func(n int) (time.Duration, *http.Response) {
+					d, code, body := tc.answer(n)
+					return d, &http.Response{StatusCode: code, Header: http.Header{},
+						Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body))}
+				}}
+				probe := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+					mu.Lock()
+					live = append(live, r.Context().Err() == nil)
+					mu.Unlock()
+					resp, err := base.RoundTrip(r)
+					if resp != nil { // a body that reads only while its attempt's context lives, as net/http's
+						b, _ := io.ReadAll(resp.Body)
+						resp.Body = &ctxBody{ctx: r.Context(), r: strings.NewReader(string(b))}
+					}
+					return resp, err
+				})
+				tr := New(WithBase(probe), WithHedging(100*time.Millisecond), WithMaxAttempts(3))
+				resp, err := getReq(t, tr, "http://live.test/")
+				if err != nil {
+					t.Fatal(err)
+				}
+				synctest.Wait() // what the first's end sets going has run
+				b, err := io.ReadAll(resp.Body)
+				if err != nil {
+					t.Errorf("reading the answer: %v", err)
+				}
+				resp.Body.Close()
+				synctest.Wait()
+				mu.Lock()
+				got := result{resp.StatusCode, string(b), len(base.arrivals()), live}
+				mu.Unlock()
+				if diff := cmp.Diff(tc.want, got); diff != "" {
+					t.Errorf("(-want +got)\n%s", diff)
+				}
+			})
+		})
+	}
+}

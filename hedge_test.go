@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -337,6 +338,43 @@ func TestHedgeRehedgesHungHedge(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestHedgeLatencySampled: a host's calls are each timed for the learned
+// delay until its ring is full, then one in latencySample, and each again
+// once it has been quiet past latencyForget; over a Transport, 64 calls
+// and 400 more to a quick host record 64 and 100 latencies.
+func TestHedgeLatencySampled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := roundTripFunc(func(*http.Request) (*http.Response, error) {
+			time.Sleep(time.Millisecond)
+			return canned(200, "ok"), nil
+		})
+		tr := New(WithBase(base), WithHedging(0))
+		get := func(n int) {
+			for range n {
+				resp, err := tr.RoundTrip(httptest.NewRequest("GET", "http://quick.test/", nil))
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+			}
+		}
+		recorded := func() uint64 { return tr.latencies.lookup("quick.test").n.Load() }
+		get(64)
+		if got := recorded(); got != 64 {
+			t.Errorf("first 64 calls recorded %d latencies, want each", got)
+		}
+		get(400)
+		if got := recorded(); got != 64+100 {
+			t.Errorf("400 calls once full recorded %d latencies, want 100 more", got-64)
+		}
+		time.Sleep(latencyForget + time.Second)
+		get(1)
+		if got := recorded(); got != 1 {
+			t.Errorf("after a quiet minute, the first call recorded %d latencies, want a fresh ring of 1", got)
+		}
+	})
 }
 
 // TestHedgeLatencyTable: the learned delay's latencies are the last 64 of

@@ -24,6 +24,18 @@ import (
 // about 600 bytes each, 150 KiB in all, made once.
 const latencySlots = 256
 
+// latencySample is how many calls to a host share one timing once its
+// ring is full: the 64 latencies then span the last 256 calls or so, and a
+// call answered before its delay saves a clock reading and the ring's
+// update three times in four, most of what learning the delay cost it.
+// Which calls are timed is set by a count, not by the answers, so that the
+// 95th percentile of those timed is the host's: a hung call is as likely
+// to be timed as a quick one. A busy host's ring is renewed every few
+// seconds all the same; a host with few calls was timed on each of its
+// first 64, and the one in four then covers the minute it is kept
+// (latencyForget) after just 16 more.
+const latencySample = 4
+
 // latencyForget is how long a host's latencies count after its last
 // answer: a host quiet for longer may have changed, and is hedged as one
 // never seen, as the host model forgets it (forgetAfter).
@@ -44,8 +56,11 @@ type hostLatencies struct {
 	slot int // where it was put, to tell whether it still is
 	ring [64]atomic.Int64
 	n    atomic.Uint64 // answers recorded
-	p95  atomic.Int64
-	seen atomic.Int64 // when the last was recorded, in Unix nanoseconds
+	// calls counts the calls that found it full, to time one in
+	// latencySample of them (timed).
+	calls atomic.Uint64
+	p95   atomic.Int64
+	seen  atomic.Int64 // when the last was recorded, in Unix nanoseconds
 }
 
 func newLatencyTable() *latencyTable {
@@ -89,6 +104,17 @@ func (lt *latencyTable) find(host string, now time.Time) (time.Duration, *hostLa
 		return time.Duration(r.p95.Load()), r
 	}
 	return 0, r
+}
+
+// timed reports whether a call that found p95 in r is to be timed for it:
+// each while r is new or has no percentile (a host never seen, or quiet
+// past latencyForget: its answers make it anew), else one in
+// latencySample.
+func (r *hostLatencies) timed(p95 time.Duration) bool {
+	if r == nil || p95 <= 0 || r.n.Load() < uint64(len(r.ring)) {
+		return true
+	}
+	return r.calls.Add(1)%latencySample == 0
 }
 
 // add records an answer's latency d from host, at now, in r when it is

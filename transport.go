@@ -130,16 +130,19 @@ func (t *Transport) roundTripOnce(req *http.Request) (*http.Response, error) {
 
 // call is one RoundTrip: the caller's request and what the retries need.
 type call struct {
-	t      *Transport
-	req    *http.Request
-	ctx    context.Context // the caller's
-	host   string          // made by hostName when first needed
-	start  time.Time
-	key    string        // WithAutoIdempotencyKey's key, made once
-	base   *http.Request // req with what every attempt shares: the key, the marks
-	trace  *sendTrace    // set for requests that are not replayable
-	adm    admission     // the attempt in flight: when it was let go, and its ticket
-	replay *replay       // the body, when it has no GetBody and may be sent again
+	t     *Transport
+	req   *http.Request
+	ctx   context.Context // the caller's
+	host  string          // made by hostName when first needed
+	start time.Time
+	key   string        // WithAutoIdempotencyKey's key, made once
+	base  *http.Request // req with what every attempt shares: the key, the marks
+	// baseCtx is the context every attempt's is made from: base's, which
+	// a hedged first attempt may take for its own (markedHedger).
+	baseCtx context.Context
+	trace   *sendTrace // set for requests that are not replayable
+	adm     admission  // the attempt in flight: when it was let go, and its ticket
+	replay  *replay    // the body, when it has no GetBody and may be sent again
 	// spent is when the call's retries spent the budget (the last
 	// len(spent) of them), nSpent how many did: if the call succeeds, they
 	// paid for themselves. charged says the retry in flight is the last.
@@ -159,7 +162,9 @@ type call struct {
 	hash   uint32
 	// lat is the host's latencies, for a learned hedge delay, found by
 	// hedgeAfter: the first attempt's answer is added to them.
-	lat *hostLatencies
+	lat   *hostLatencies
+	timed bool // its attempts' latencies are to be learned (hostLatencies.timed)
+	hedge bool // its first attempt is hedged (mayHedge)
 	// spare is the first attempt's hedgeFirst made with the marked
 	// request (newMarked), for hedged to use.
 	spare *hedgeFirst
@@ -471,14 +476,16 @@ func (c *call) prepare() {
 		c.trace = newSendTrace()
 		ctx = httptrace.WithClientTrace(ctx, &c.trace.trace)
 	}
-	var marked *markedRequest
+	c.hedge = c.mayHedge(needKey)
+	var slot *http.Request // where the marked request goes
 	if t.markNested {
 		// Marked for the Transport of ours that may lie behind this
 		// unknown base; only this request, not others made with its
 		// context (an auth wrapper fetching a token), is nested for it.
-		marked = c.newMarked()
-		marked.ctx = passedDownCtx{Context: ctx, method: methodOf(req), url: req.URL}
-		ctx = &marked.ctx
+		var mark *passedDownCtx
+		mark, slot = c.newMarked()
+		*mark = passedDownCtx{Context: ctx, method: methodOf(req), url: req.URL}
+		ctx = mark
 	}
 	if ResendCount(ctx) != 0 {
 		// Another request's retry count, on a context this request was
@@ -486,15 +493,23 @@ func (c *call) prepare() {
 		// token): this request's first try is a first try.
 		ctx = context.WithValue(ctx, resendKey{}, 0)
 	}
+	c.baseCtx = ctx
 	if ctx == c.ctx && !needKey && c.replay == nil {
 		return
 	}
 	var r *http.Request
-	if marked != nil {
+	if slot != nil {
 		// The request and its mark in one allocation: WithContext's copy
 		// does not escape, and is copied in.
-		marked.req = *req.WithContext(ctx)
-		r = &marked.req
+		on := ctx
+		if f := c.spare; f != nil {
+			// To be hedged: made on its first attempt's context at once
+			// (markedHedger), which hedged sets going.
+			f.ctx.Context = ctx
+			on = &f.ctx
+		}
+		*slot = *req.WithContext(on)
+		r = slot
 	} else {
 		r = req.WithContext(ctx)
 	}
@@ -516,7 +531,7 @@ func (c *call) prepare() {
 // fresh body and the resend count on its context, or the reason it cannot
 // be had.
 func (c *call) rewind(n int) (*http.Request, Reason) {
-	r := c.base.WithContext(context.WithValue(c.base.Context(), resendKey{}, n))
+	r := c.base.WithContext(context.WithValue(c.baseCtx, resendKey{}, n))
 	switch {
 	case c.req.Body == nil || c.req.Body == http.NoBody:
 	case c.req.GetBody != nil:
