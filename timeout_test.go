@@ -47,6 +47,9 @@ type tailRun struct {
 	took     time.Duration
 	p50, p99 time.Duration
 	slowest  time.Duration
+	// held is how many calls took more than a second, unhedged is how
+	// many hedges OnGiveUp said could not go for want of attempts.
+	held, unhedged int
 }
 
 // runTail fetches 600 pages with 30 workers through a Transport made with
@@ -57,7 +60,13 @@ func runTail(t *testing.T, opts ...Option) tailRun {
 		host := &tailHost{}
 		net := newPipeNet(host)
 		defer net.close()
-		client := &http.Client{Transport: New(append([]Option{WithBase(net.tr)}, opts...)...), Timeout: 30 * time.Second}
+		var unhedged atomic.Int64
+		noHedge := WithOnGiveUp(func(ev RetryEvent) {
+			if ev.Hedge && ev.Reason == ReasonAttempts {
+				unhedged.Add(1)
+			}
+		})
+		client := &http.Client{Transport: New(append([]Option{WithBase(net.tr), noHedge}, opts...)...), Timeout: 30 * time.Second}
 		var (
 			mu        sync.Mutex
 			latencies []time.Duration
@@ -84,7 +93,12 @@ func runTail(t *testing.T, opts ...Option) tailRun {
 			})
 		}
 		wg.Wait()
-		run.took, run.requests = time.Since(start), host.requests.Load()
+		run.took, run.requests, run.unhedged = time.Since(start), host.requests.Load(), int(unhedged.Load())
+		for _, d := range latencies {
+			if d > time.Second {
+				run.held++
+			}
+		}
 		slices.Sort(latencies)
 		if n := len(latencies); n > 0 {
 			run.p50, run.p99, run.slowest = latencies[n/2], latencies[n*99/100], latencies[n-1]
@@ -123,19 +137,25 @@ func TestSlowTails(t *testing.T) {
 			if r.served != 600 || r.p99 > 150*time.Millisecond || r.requests > 660 {
 				return "want every page, p99 at most 150 ms, at most 660 requests"
 			}
+			if r.held > r.unhedged {
+				return "want every call over a second to have met held requests on all its attempts, and OnGiveUp to say so"
+			}
 			return ""
 		}},
 		{"WithHedging(0)", []Option{WithHedging(0)}, func(r tailRun) string {
 			if r.served != 600 || r.p99 > 200*time.Millisecond || r.requests > 690 {
 				return "want every page, p99 at most 200 ms, at most 690 requests"
 			}
+			if r.held > r.unhedged {
+				return "want every call over a second to have met held requests on all its attempts, and OnGiveUp to say so"
+			}
 			return ""
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := runTail(t, tc.opts...)
-			t.Logf("%d of 600 pages, %d requests, in %v; p50 %v, p99 %v, slowest %v", r.served, r.requests,
-				r.took.Round(time.Millisecond), r.p50.Round(time.Millisecond), r.p99.Round(time.Millisecond), r.slowest.Round(time.Millisecond))
+			t.Logf("%d of 600 pages, %d requests, in %v; p50 %v, p99 %v, slowest %v; %d calls over a second, %d hedges out of attempts", r.served, r.requests,
+				r.took.Round(time.Millisecond), r.p50.Round(time.Millisecond), r.p99.Round(time.Millisecond), r.slowest.Round(time.Millisecond), r.held, r.unhedged)
 			if msg := tc.check(r); msg != "" {
 				t.Error(msg)
 			}
