@@ -211,18 +211,27 @@ func TestHedgeWinnerBodyLives(t *testing.T) {
 // and learned at most 6 allocations and 2x plain.
 func BenchmarkHedgeNoFire(b *testing.B) {
 	get, _ := http.NewRequest("GET", "http://api.test/v1/x", nil)
+	// The same base behind a plain *http.Transport (the scheme "mem" goes
+	// straight to it), the default kind, which needs no nesting mark.
+	tr := &http.Transport{}
+	tr.RegisterProtocol("mem", memBase{})
+	memGet, _ := http.NewRequest("GET", "mem://api.test/v1/x", nil)
 	for _, bc := range []struct {
 		name string
 		rt   http.RoundTripper
+		req  *http.Request
 	}{
-		{"plain", New(WithBase(memBase{}))},
-		{"hedge-fixed", New(WithBase(memBase{}), WithHedging(100*time.Millisecond))},
-		{"hedge-learned", New(WithBase(memBase{}), WithHedging(0))},
+		{"plain", New(WithBase(memBase{})), get},
+		{"hedge-fixed", New(WithBase(memBase{}), WithHedging(100*time.Millisecond)), get},
+		{"hedge-learned", New(WithBase(memBase{}), WithHedging(0)), get},
+		{"transport/plain", New(WithBase(tr)), memGet},
+		{"transport/hedge-fixed", New(WithBase(tr), WithHedging(100*time.Millisecond)), memGet},
+		{"transport/hedge-learned", New(WithBase(tr), WithHedging(0)), memGet},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				resp, err := bc.rt.RoundTrip(get)
+				resp, err := bc.rt.RoundTrip(bc.req)
 				if err != nil || resp.StatusCode != 200 {
 					b.Fatal(err)
 				}
