@@ -61,9 +61,9 @@ func (s *shard) statuses(l *localLimiter, now time.Time, buf []HostStatus) []Hos
 		if m := l.model(st, now); m != nil {
 			hs = m.status()
 		}
-		hs.Host, hs.ForgetAt = host, st.forgetAt()
-		if st.until.After(now) {
-			hs.ParkedUntil = st.until
+		hs.Host, hs.ForgetAt = host, st.forgetAt(l.epoch)
+		if st.until.After(l.at(now)) {
+			hs.ParkedUntil = timeOf(l.epoch, st.until)
 		}
 		buf = append(buf, hs)
 	}

@@ -52,17 +52,29 @@ func (a instant) IsZero() bool          { return a == 0 }
 const longAgo = 10 * 365 * 24 * time.Hour
 
 // at is t as an instant of the record; the zero time is the zero instant.
-func (m *hostModel) at(t time.Time) instant {
+func (m *hostModel) at(t time.Time) instant { return instantOf(*m.epoch, t) }
+
+// at is t as an instant of the limiter's epoch, the one its entries'
+// moments and its models' are counted from.
+func (l *localLimiter) at(t time.Time) instant { return instantOf(l.epoch, t) }
+
+// instantOf is t as an instant counted from epoch; the zero time is the
+// zero instant.
+func instantOf(epoch, t time.Time) instant {
 	if t.IsZero() {
 		return 0
 	}
-	return instant(t.Sub(*m.epoch)).Add(longAgo)
+	return instant(t.Sub(epoch)).Add(longAgo)
 }
 
-// time is a as a time.Time; the zero instant is the zero time.
-func (m *hostModel) time(a instant) time.Time {
+// timeOf is the moment an instant counted from epoch stands for; the zero
+// instant is the zero time.
+func timeOf(epoch time.Time, a instant) time.Time {
 	if a == 0 {
 		return time.Time{}
 	}
-	return m.epoch.Add(time.Duration(a.Add(-longAgo)))
+	return epoch.Add(time.Duration(a.Add(-longAgo)))
 }
+
+// time is a as a time.Time; the zero instant is the zero time.
+func (m *hostModel) time(a instant) time.Time { return timeOf(*m.epoch, a) }

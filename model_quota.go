@@ -422,8 +422,8 @@ func (m *hostModel) syncQuota(st *hostState, pace Pace, now time.Time) {
 		// The slots handed out were of the announcement replaced: the
 		// new one is charged below with what it says remains, no more.
 		q.renewed = false
-		if st.tat.After(now) {
-			st.tat = now
+		if at := m.at(now); st.tat.After(at) {
+			st.tat = at
 		}
 	}
 	if q.syncAt.IsZero() {
@@ -438,8 +438,8 @@ func (m *hostModel) syncQuota(st *hostState, pace Pace, now time.Time) {
 				floor = whole
 			}
 		}
-		if t := m.time(floor); st.tat.Before(t) {
-			st.tat = t
+		if st.tat.Before(floor) {
+			st.tat = floor
 		}
 	}
 	q.syncAt = 0

@@ -215,15 +215,15 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 		// A configured pace is kept whatever the bound on entries.
 		st = s.add(l, a.Host, h, a.Now, true)
 	}
-	if st.until.After(a.Now) {
-		return Reservation{ParkedUntil: st.until}, nil
+	if st.until.After(l.at(a.Now)) {
+		return Reservation{ParkedUntil: timeOf(l.epoch, st.until)}, nil
 	}
 	if a.CheckOnly {
 		return Reservation{OK: true}, nil
 	}
 	m := l.model(st, a.Now)
 	if m == nil {
-		return s.reserve(st, a, a.Pace, 0), nil
+		return s.reserve(l, st, a, a.Pace, 0), nil
 	}
 	now := m.at(a.Now)
 	m.seen = now
@@ -237,7 +237,7 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 	if a.Waited != nil {
 		if t := m.collect(a.Waited); t != 0 {
 			// The slot kept for it; the configured pace still applies.
-			res := s.reserve(st, a, a.Pace, 0)
+			res := s.reserve(l, st, a, a.Pace, 0)
 			if !res.OK {
 				m.release(t)
 				m.wake(now)
@@ -268,12 +268,12 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 	if nb := m.ctl.notBefore; !nb.IsZero() && !pace.Unlimited() {
 		// The first slot no earlier than notBefore: the bucket's
 		// theoretical arrival time runs a burst's tolerance ahead of it.
-		if floor := m.time(nb.Add(time.Duration(pace.Burst-1) * pace.interval())); st.tat.Before(floor) {
+		if floor := nb.Add(time.Duration(pace.Burst-1) * pace.interval()); st.tat.Before(floor) {
 			st.tat = floor
 		}
 	}
 	m.syncQuota(st, pace, a.Now)
-	res := s.reserve(st, a, pace, horizonFor(pace, a.Pace))
+	res := s.reserve(l, st, a, pace, horizonFor(pace, a.Pace))
 	if res.Delay > 0 && pace != a.Pace {
 		m.ctl.busyAt = now // a request waits for the learned pace: it binds
 	}
@@ -296,11 +296,15 @@ func horizonFor(pace, configured Pace) time.Duration {
 
 // reserve takes the host's next slot at pace, as Reserve answers it.
 // The caller holds the shard's lock.
-func (s *shard) reserve(st *hostState, a Attempt, pace Pace, horizon time.Duration) Reservation {
+func (s *shard) reserve(l *localLimiter, st *hostState, a Attempt, pace Pace, horizon time.Duration) Reservation {
 	if pace.Unlimited() {
 		return Reservation{OK: true}
 	}
-	delay, ok := st.take(a.Now, pace, a.Latest, horizon)
+	var latest instant
+	if !a.Latest.IsZero() {
+		latest = max(l.at(a.Latest), 1) // a deadline before the epoch's ten years is still one
+	}
+	delay, ok := st.take(l.at(a.Now), pace, latest, horizon)
 	if !ok {
 		if horizon > 0 && delay > horizon && (a.Latest.IsZero() || !a.Now.Add(delay).After(a.Latest)) {
 			return Reservation{AskAgain: a.Now.Add(delay - horizon)}
@@ -313,7 +317,7 @@ func (s *shard) reserve(st *hostState, a Attempt, pace Pace, horizon time.Durati
 		res.Cancel = func(now time.Time) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			st.giveBack(now, interval, after)
+			st.giveBack(l.at(now), interval, after)
 		}
 	}
 	return res
@@ -336,20 +340,14 @@ func (l *localLimiter) model(st *hostState, now time.Time) *hostModel {
 // The slot comes no earlier than the end of the host's last parking, and
 // with no burst right after it, so a reopened host is not stormed. ok is
 // false, and nothing is taken, when the slot would come after latest.
-func (st *hostState) take(now time.Time, p Pace, latest time.Time, horizon time.Duration) (time.Duration, bool) {
+func (st *hostState) take(now instant, p Pace, latest instant, horizon time.Duration) (time.Duration, bool) {
 	interval := p.interval()
 	tolerance := time.Duration(p.Burst-1) * interval
-	tat := st.tat
-	if tat.Before(now) {
-		tat = now
+	tat := max(st.tat, now)
+	if st.until != 0 {
+		tat = max(tat, st.until.Add(tolerance))
 	}
-	if floor := st.until.Add(tolerance); tat.Before(floor) {
-		tat = floor
-	}
-	slot := tat.Add(-tolerance)
-	if slot.Before(now) {
-		slot = now
-	}
+	slot := max(tat.Add(-tolerance), now)
 	delay := slot.Sub(now)
 	if (!latest.IsZero() && slot.After(latest)) || (horizon > 0 && delay > horizon) {
 		return delay, false
@@ -363,7 +361,7 @@ func (st *hostState) take(now time.Time, p Pace, latest time.Time, horizon time.
 // take left). Once a later slot went, rewinding tat by an interval would
 // hand the later one out again, and two attempts would share it; the slot
 // is lost instead, a wait of one interval at most.
-func (st *hostState) giveBack(now time.Time, interval time.Duration, after time.Time) {
+func (st *hostState) giveBack(now instant, interval time.Duration, after instant) {
 	if !st.tat.Equal(after) {
 		return
 	}
@@ -439,8 +437,8 @@ func (l *localLimiter) Park(_ context.Context, host string, until time.Time) err
 			return nil
 		}
 	}
-	if until.After(st.until) {
-		st.until = until
+	if at := l.at(until); at.After(st.until) {
+		st.until = at
 	}
 	s.mu.Unlock()
 	for n := until.Sub(l.epoch).Nanoseconds(); ; {

@@ -40,6 +40,8 @@ func BenchmarkRoundTrip(b *testing.B) {
 		{"GET/retryhttp-nested-mark", New(WithBase(&countingBase{base: memBase{}})), get},
 		{"GET/retryhttp-record", withRecord(b, get), get},
 		{"GET/retryhttp-quota", New(WithBase(quotaBase{})), get},
+		{"GET/retryhttp-pace", New(WithBase(memBase{}), WithPace(1e6, 1000)), get},
+		{"GET/retryhttp-transport-pace", New(WithBase(tr), WithPace(1e6, 1000)), memGet},
 		{"POST/bare", memBase{}, post},
 		{"POST/retryhttp", New(WithBase(memBase{})), post},
 	} {

@@ -85,10 +85,13 @@ type shard struct {
 // hostState is what one host costs: under 100 bytes with its map entry,
 // and its model once it failed, refused or announced a quota.
 type hostState struct {
-	tat   time.Time  // the pace's theoretical arrival time (GCRA): the slot after the last one given
-	until time.Time  // parked until; zero or past: not parked
-	model *hostModel // nil while the host is healthy
-	cell  uint32     // the host's cell in the limiter's filter
+	// tat is the pace's theoretical arrival time (GCRA): the slot after
+	// the last one given; until is when its parking ends (zero or past:
+	// not parked). Both are instants of the limiter's epoch, as the
+	// model's are: 8 bytes each, and a slot taken with integer sums.
+	tat, until instant
+	model      *hostModel // nil while the host is healthy
+	cell       uint32     // the host's cell in the limiter's filter
 }
 
 // hostFilter counts the entries of the hosts whose hash falls in each
@@ -197,7 +200,7 @@ func (s *shard) add(l *localLimiter, host string, h uint32, now time.Time, force
 // the shard's lock.
 func (s *shard) sweep(l *localLimiter, now time.Time, pressed bool) {
 	for host, st := range s.hosts {
-		if st.forgettable(now, pressed) {
+		if st.forgettable(now, l.at(now), pressed) {
 			s.drop(l, host, st)
 		}
 	}
@@ -230,8 +233,8 @@ func (s *shard) drop(l *localLimiter, host string, st *hostState) {
 // forgettable reports whether a host's entry can be forgotten: not parked,
 // its bucket full, and its model expired or, under the pressure of memory,
 // quiet for sweepIdle with nothing in flight and not down.
-func (st *hostState) forgettable(now time.Time, pressed bool) bool {
-	if st.until.After(now) || st.tat.After(now) {
+func (st *hostState) forgettable(now time.Time, at instant, pressed bool) bool {
+	if st.until.After(at) || st.tat.After(at) {
 		return false
 	}
 	m := st.model
@@ -240,15 +243,10 @@ func (st *hostState) forgettable(now time.Time, pressed bool) bool {
 
 // forgetAt is when the entry is forgotten at the latest if nothing more is
 // heard of its host (the time sweep frees it within sweepEvery after).
-func (st *hostState) forgetAt() time.Time {
-	at := st.until
-	if st.tat.After(at) {
-		at = st.tat
-	}
+func (st *hostState) forgetAt(epoch time.Time) time.Time {
+	at := max(st.until, st.tat)
 	if m := st.model; m != nil {
-		if f := m.time(m.seen.Add(forgetAfter)); f.After(at) {
-			at = f
-		}
+		at = max(at, m.seen.Add(forgetAfter))
 	}
-	return at
+	return timeOf(epoch, at)
 }
