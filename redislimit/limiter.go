@@ -206,7 +206,13 @@ func New(rdb redis.UniversalClient, opts ...Option) *Limiter {
 		l.probe = DefaultProbeInterval
 	}
 	l.share = max(l.share, 0)
-	l.win = us(l.probe + 2*l.timeout)
+	// Two probe intervals, not one: a process whose first probe after a
+	// loss fails (a server still starting, a loaded machine, a probe that
+	// times out) comes back at its second, and with one interval the
+	// others had gone back to the whole bucket meanwhile while it paced its
+	// share in process: TestRingShardBackEmpty, four at once on two cores,
+	// went over the pace in 6 runs of 32 with one interval, none with two.
+	l.win = us(2*l.probe + 2*l.timeout)
 	l.direct = contextAware(rdb)
 	l.servers = newServers(rdb, l.prefix)
 	switch c := rdb.(type) {

@@ -4,7 +4,7 @@ package redislimit
 // (e), and until when keys new to the scripts wait (rec). A marker missing
 // means the data is new: a first start, or a restart or flush that lost
 // it. A process that knew another epoch has seen the loss: it opens a
-// window of a probe interval and two timeouts (win) in which a key new to
+// window of two probe intervals and two timeouts (win) in which a key new to
 // the reserve script waits unless its caller brings what it knew of it,
 // so that the processes holding a parking of it put it back first.
 const epochLua = `
