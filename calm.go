@@ -11,12 +11,15 @@ import "time"
 
 // calm reports, with one atomic load, that the Transport holds nothing for
 // any host, so that an attempt made now is admitted without a clock
-// reading. A configured pace, another Limiter, an attempt timeout or a
-// learned hedge delay, all of which time the attempt, make no call calm; a
-// fixed hedge delay does not time the first attempt (a hedge reads the
-// clock when it fires).
+// reading. A configured pace, another Limiter or an attempt timeout, all
+// of which time the attempt, make no call calm. A hedge delay needs a
+// reading for its timer, which the hedged call makes itself (timerNow), and
+// a learned one times the first attempt from it too: on the real clock it
+// is the reading the Transport would have made; on another Clock the
+// attempt is timed on that clock, and a learned hedge delay makes no call
+// calm.
 func (t *Transport) calm(c *call) bool {
-	return t.free != nil && t.free.entries.Load() == 0 && t.latencies == nil && c.attemptTimeout == 0
+	return t.free != nil && t.free.entries.Load() == 0 && (t.latencies == nil || t.mono) && c.attemptTimeout == 0
 }
 
 // unheld reports that the call's host holds no entry while others do, so
@@ -30,7 +33,7 @@ func (t *Transport) calm(c *call) bool {
 // that counts nothing (no budget, learning off) has no such readings: its
 // calls read the clock.
 func (t *Transport) unheld(c *call) bool {
-	if t.free == nil || t.latencies != nil || c.attemptTimeout != 0 || (t.budget == nil && t.noLearning) {
+	if t.free == nil || (t.latencies != nil && !t.mono) || c.attemptTimeout != 0 || (t.budget == nil && t.noLearning) {
 		return false
 	}
 	c.hash = hostHash(c.hostName())

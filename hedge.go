@@ -29,7 +29,7 @@ import (
 // timer's (time.AfterFunc): a call answered before its delay pays for its
 // hedgeFirst (the first attempt's request and context) alone, no
 // goroutine, no channel and no context of its own; its hedger and timer,
-// stopped unfired, are handed on to the next call (hedgetimer.go).
+// still set, are handed on to the next call (hedgetimer.go).
 
 // hedgeFloor is the shortest learned hedge delay. Below it a hedge fires
 // on the client's own scheduling delay rather than on the host's: with
@@ -86,7 +86,14 @@ func (c *call) hedgeAfter() time.Duration {
 	if t.hedgeDelay > 0 {
 		return t.hedgeDelay
 	}
-	p95, lat := t.latencies.find(c.req.URL.Host, c.start)
+	at := c.start
+	if at.IsZero() {
+		// Calm or unheld, on the real clock (calm.go): the reading the
+		// hedge's timer needs, made now, dates the attempt too.
+		at = time.Now()
+		c.hedgeAt = at
+	}
+	p95, lat := t.latencies.find(c.req.URL.Host, at)
 	c.lat, c.timed = lat, lat.timed(p95)
 	return learnedHedge(p95)
 }
@@ -136,12 +143,17 @@ type hedger struct {
 	timeout time.Duration
 	timed   bool // its attempts' latencies are learned (hostLatencies.timed)
 
-	mu        sync.Mutex
-	firstIn   bool // the first answered: no hedge's answer cancels it
-	over      bool // the call is done with hedging: no more go, the others clean up after themselves
-	limit     int8 // attempts at most, the first included (hedgeInFlight or fewer)
-	keepable  bool // made outside any synctest bubble: it may be handed on (hedgetimer.go)
-	*hedgeSet      // made when the first hedge is due
+	mu       sync.Mutex
+	firstIn  bool // the first answered: no hedge's answer cancels it
+	over     bool // the call is done with hedging: no more go, the others clean up after themselves
+	limit    int8 // attempts at most, the first included (hedgeInFlight or fewer)
+	keepable bool // made outside any synctest bubble: it may be handed on (hedgetimer.go)
+	// due is when the first hedge of the call holding the hedger is due,
+	// zero while none holds it; set is when the timer was set to fire,
+	// zero once it fired or was stopped (hedgetimer.go). Both are
+	// readings of the clock the timer runs on.
+	due, set  time.Time
+	*hedgeSet // made when the first hedge is due
 }
 
 // hedgeFirst is a hedged call's first attempt: its request, on its own
@@ -200,7 +212,11 @@ func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 	if f == nil {
 		f = new(hedgeFirst)
 	}
-	h := c.t.takeHedger(c.noBubble())
+	now := c.hedgeAt
+	if now.IsZero() {
+		now = c.timerNow()
+	}
+	h := c.t.takeHedger(noBubble(now))
 	h.hedgeFirst = f
 	h.t, h.lat, h.base, h.req, h.key, h.retryIf = t, c.lat, req, c.req, c.key, c.retryIf
 	h.delay, h.timeout, h.limit, h.timed = delay, c.attemptTimeout, int8(min(c.maxAttempts, hedgeInFlight)), c.timed
@@ -209,11 +225,15 @@ func (c *call) hedged(req *http.Request, delay time.Duration) (answer, bool) {
 		f.first = *req.WithContext(&h.ctx) // copied into the hedgeFirst: no request of its own
 	}
 	h.mu.Lock() // fire reads the timer, to set it again
-	h.arm(delay)
+	h.arm(now, delay)
 	h.mu.Unlock()
 	resp, err := t.attempt(&h.first, 1, c.attemptTimeout)
 	first := answer{n: 1, resp: resp, err: err, adm: c.adm}
-	h.learn(h.lat, resp, c.adm.at)
+	sent := c.adm.at
+	if sent.IsZero() {
+		sent = now // calm or unheld, on the real clock: now was read for it
+	}
+	h.learn(h.lat, resp, sent)
 
 	h.mu.Lock()
 	h.firstIn = true
@@ -297,6 +317,7 @@ func (h *hedger) end(keep *hedgeAttempt) {
 	h.timer.Stop()
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.set = time.Time{}
 	for {
 		ready := 0
 		for i := range h.fired {
@@ -391,12 +412,12 @@ func (h *hedger) learn(r *hostLatencies, resp *http.Response, at time.Time) {
 // sent, unless an answer came meanwhile. Once sent, the timer is set for
 // the next hedge, should this one be slow too.
 func (h *hedger) fire() {
-	t := h.t
 	h.mu.Lock()
-	if h.over {
+	if h.early() || h.over {
 		h.mu.Unlock()
 		return
 	}
+	t := h.t
 	if h.hedgeSet == nil {
 		h.hedgeSet = &hedgeSet{wake: make(chan struct{}, 1), host: hostKey(h.req.URL)}
 	}
@@ -467,6 +488,7 @@ func (h *hedger) fire() {
 	// The next hedge, should this one be slow too; past the last one
 	// allowed, the report that no more go.
 	h.timer.Reset(h.delay)
+	h.set = time.Now().Add(h.delay)
 	h.mu.Unlock()
 
 	if t.budget == nil && !t.noLearning {

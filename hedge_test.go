@@ -540,3 +540,43 @@ func TestHedgerHandedOn(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestHedgerTimerSetSooner: a hedger handed on with its timer still set
+// for its last call's moment (hedgetimer.go) has it set again by a call
+// whose hedge is due sooner. A call to a host never seen (hedged after
+// hedgeStart, 250 ms) is answered at once and hands its hedger on; the
+// next call, to a host whose latencies are known (hedged after the 50 ms
+// floor), meets a hung first attempt: its hedge goes after 50 ms, not at
+// the 250 ms its hedger's timer was set for. On the real clock, one
+// goroutine, so that the hedger is the one handed on.
+func TestHedgerTimerSetSooner(t *testing.T) {
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.Header.Get("X-Hang") != "" && ResendCount(r.Context()) == 0 {
+			<-r.Context().Done() // until the hedge's answer ends it
+			return nil, r.Context().Err()
+		}
+		return &http.Response{StatusCode: 200, Header: http.Header{}, Request: r, Body: http.NoBody}, nil
+	})
+	tr := New(WithBase(base), WithHedging(0))
+	get := func(host string, hang bool) time.Duration {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, "http://"+host+"/", nil)
+		if hang {
+			req.Header.Set("X-Hang", "1")
+		}
+		began := time.Now()
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("%s: %v", host, err)
+		}
+		resp.Body.Close()
+		return time.Since(began)
+	}
+	get("known.test", false) // its latency is known from now on: hedged after the floor
+	for i := range 3 {
+		get(fmt.Sprintf("new-%d.test", i), false) // hedgeStart: the timer is set 250 ms ahead
+		if took := get("known.test", true); took >= 200*time.Millisecond {
+			t.Errorf("round %d: a hung call hedged after %v; want about the 50 ms floor, not the 250 ms its hedger's timer was set for", i, took)
+		}
+	}
+}

@@ -164,7 +164,11 @@ type call struct {
 	// hedgeAfter: the first attempt's answer is added to them.
 	lat   *hostLatencies
 	timed bool // its attempts' latencies are to be learned (hostLatencies.timed)
-	hedge bool // its first attempt is hedged (mayHedge)
+	// hedgeAt is the reading of the real clock that hedgeAfter made for
+	// a calm or unheld call with a learned delay: its timer's and its
+	// first attempt's start.
+	hedgeAt time.Time
+	hedge   bool // its first attempt is hedged (mayHedge)
 	// spare is the first attempt's hedgeFirst made with the marked
 	// request (newMarked), for hedged to use.
 	spare *hedgeFirst
