@@ -156,6 +156,7 @@ func TestHostModelBrokenReplica(t *testing.T) {
 			// each is compared.
 			const runs = 5
 			var baseline, took [runs]time.Duration
+			short := false
 			for i := range runs {
 				synctest.Test(t, func(t *testing.T) {
 					net := newPipeNet(&replicaHost{status: status})
@@ -176,8 +177,17 @@ func TestHostModelBrokenReplica(t *testing.T) {
 					tr := New(WithBase(net.tr))
 					served, at := pagesAt(t, tr, "http://replica.test", 30, 600)
 					st, _ := tr.HostStatus(context.Background(), "replica.test")
+					// Three tries lose a page in 125 to a replica that fails
+					// one in five, drawn at random: a run now and then loses
+					// 11 (CI saw 589 once). One short run of five is allowed,
+					// and none below 580.
+					if served < 580 || (served < 590 && short) {
+						t.Fatalf("%d pages, want at least 590 (580 in one run of %d)", served, runs)
+					}
 					if served < 590 {
-						t.Fatalf("%d pages, want at least 590", served)
+						short = true
+						took[i] = at[served-1]
+						return
 					}
 					took[i] = at[589]
 					if i == 0 {
