@@ -149,8 +149,9 @@ type hedger struct {
 	limit    int8 // attempts at most, the first included (hedgeInFlight or fewer)
 	keepable bool // made outside any synctest bubble: it may be handed on (hedgetimer.go)
 	// due is when the first hedge of the call holding the hedger is due,
-	// zero while none holds it; set is when the timer was set to fire,
-	// zero once it fired or was stopped (hedgetimer.go). Both are
+	// zero while none holds it; set is when the timer was set to fire for
+	// it, zero once it fired (hedgetimer.go; a hedger a hedge went from is
+	// never handed on, and its set no longer matters). Both are
 	// readings of the clock the timer runs on.
 	due, set  time.Time
 	*hedgeSet // made when the first hedge is due
@@ -317,7 +318,6 @@ func (h *hedger) end(keep *hedgeAttempt) {
 	h.timer.Stop()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.set = time.Time{}
 	for {
 		ready := 0
 		for i := range h.fired {
@@ -488,7 +488,6 @@ func (h *hedger) fire() {
 	// The next hedge, should this one be slow too; past the last one
 	// allowed, the report that no more go.
 	h.timer.Reset(h.delay)
-	h.set = time.Now().Add(h.delay)
 	h.mu.Unlock()
 
 	if t.budget == nil && !t.noLearning {
