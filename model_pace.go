@@ -24,6 +24,7 @@ type control struct {
 	guess      int32   // what the host took at once in that burst: a limit in flight to try
 	acked      int32   // accepted answers since the limit last grew
 	burstCut   bool    // the last cut was of such a burst
+	drastic    bool    // the last cut found the host accepting under half the pace it cut: its ceil is not a rate
 	tried      bool    // the guess was tried
 	cutBound   bool    // the pace bound since the cut
 	before     float64 // the rate to return to when a limit in flight is refuted, and its ceil
@@ -74,6 +75,22 @@ func (m *hostModel) explained(sig *Signal, overlapped bool) bool {
 	// once cuts showed that) accepts the rest of what it is sent: it is
 	// overloaded when it accepts less than 1/overloadRatio of that.
 	sent := m.sentLastSecond(sig)
+	if overlapped && m.fresh(now) && m.exShare == 0 {
+		// A record a hold old or less counts from the host's first
+		// refusal: what the second before it brought, a burst accepted
+		// whole, is not what the host takes now. Refused more than
+		// overloadRatio times as often as it accepted since, counting
+		// what is still on its way as accepted (a refusal comes back
+		// sooner than a page: a replica failing one in five at once is
+		// not overloaded by the 24 it is still serving), the host is
+		// over its capacity (a bucket of 14/s with a burst of 28,
+		// spent by 5 callers in 0.4 s, refused 6 of 9 in the next
+		// 0.2 s, and the second's 34 accepted hid it until 1.3 s: pages
+		// lost, three tries refused in a second).
+		if r := m.refusals.lastSecond(now); r >= downFailures && r > overloadRatio*(m.accepts.lastSecond(now)+m.ghosts+float64(m.inflight)) {
+			return true
+		}
+	}
 	return overlapped && (1-m.exShare)*sent > overloadRatio*(sent-m.refusals.lastSecond(now))
 }
 
@@ -187,6 +204,10 @@ func (m *hostModel) overload(ev *changes, sig *Signal, tracked bool, load int, o
 		return // the cut a hold ago did not move the share it refuses
 	}
 	m.cutRate(ev, now, accepted, sent, m.fresh(now), overlapped)
+	// A refusal that named its wait parked the host, which is why it
+	// accepted little in the second before: not an outage. Nor is one
+	// of a client sending one at a time, which a parking spaces out.
+	c.drastic = c.drastic && overlapped && sig.Wait <= 0
 	if sig.limits() {
 		c.cutAt = 0 // the host said it limits the rate: nothing to check
 	}
@@ -244,6 +265,15 @@ func (m *hostModel) cutRate(ev *changes, now instant, accepted, sent float64, bu
 	if p := m.pace(); !p.Unlimited() {
 		target = min(target, cutShare*float64(p.Limit)) // below the pace it refused
 	}
+	// A pace grown past the rate the host last refused, after holds below
+	// it with nothing refused, met refusals: the load that the probe added
+	// caused them. Such a cut is not checked for chance: a host that
+	// refuses at random would have refused below the ceil too, and a probe
+	// that ran on tokens a bucket saved meanwhile reads what it accepted
+	// above its rate, so the cut keeps the pace past it and the share it
+	// refuses looks unmoved (bucket503Bare:5 of the simulator).
+	probed := c.ceil > 0 && c.rate > c.ceil && c.limit == 0
+	c.drastic = c.rate > 0 && accepted < c.rate/2
 	c.ceil, c.burstCut, c.limit = accepted, burst, 0
 	switch {
 	case burst && overlapped:
@@ -257,7 +287,7 @@ func (m *hostModel) cutRate(ev *changes, now instant, accepted, sent float64, bu
 		c.guess = m.okLoad.max(now) // the most it took at once lately
 	}
 	c.step, c.holdUntil, c.grownAt, c.nearAt = probeStep, now.Add(holdTime), now, 0
-	if c.cutAt.IsZero() {
+	if c.cutAt.IsZero() && !probed {
 		// The first of a run of cuts is checked: did they lower the share
 		// refused (exonerated)?
 		c.cutAt, c.cutBound, c.cutAnswers, c.cutRefused, c.cutFrom = now, false, 0, 0, c.rate
@@ -417,7 +447,12 @@ func (m *hostModel) checkCut(ev *changes, now instant, binds bool, after time.Du
 		// takes a few a second refuses.
 		c.cutAt = 0
 		return byLoad
-	case r < downFailures:
+	case r < downFailures || d > se:
+		// A share that fell, by more than one standard error but not
+		// two, says neither: a cut that left the pace past a bucket's
+		// rate lowers its share by that much, and was taken for chance
+		// when too few answers could show it (the pace never cut again,
+		// a share refused for the rest of the run).
 		return m.undecided(now)
 	}
 	c.cutAt = 0
@@ -470,6 +505,14 @@ func (m *hostModel) grow(ev *changes, now instant) {
 	near := nearShare * c.ceil
 	next := c.rate * 2
 	switch {
+	case c.drastic:
+		// The cut found the host accepting under half the pace it had:
+		// no rate falls by half between two holds but in an outage, and
+		// what the host accepted then is no rate to climb back to. The
+		// pace doubles each hold while nothing is refused (slow start), as
+		// a host back from down does (an outage of 503s 1.4 s long left
+		// its host paced at 2/s of the 20 it took for 6 s: outage503:133
+		// of the simulator).
 	case m.q.active() && m.q.spare && c.ceil == 0:
 		// The host says it has more than the pace takes: a quarter more
 		// each hold until a refusal says where it ends. (Doubling

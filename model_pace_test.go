@@ -54,3 +54,34 @@ func TestParkingRefusalIsNotNoise(t *testing.T) {
 		}
 	}
 }
+
+// A bucket's refusals are its load, never chance. A bucket of 14/s with a
+// burst of 28 saves tokens under a pace just below its rate, so a probe
+// past the rate runs unrefused for holds and climbs to three times it; the
+// cuts that its refusals then bring read what the bucket accepted from its
+// savings, and leave the pace above the rate. Two things took those
+// refusals for chance, and the pace was never cut again: the check of the
+// probe's own cut (its load caused them: it is not checked), and the check
+// of the next cut, which lowered the share refused by less than two
+// standard errors of too few answers (a share that fell by more than one
+// is undecided now, and awaits more answers).
+func TestBucketRefusalsNotChance(t *testing.T) {
+	h := &simBucketCfg{rate1: 14, burst: 28, code: 503, lat: 30 * time.Millisecond}
+	const pages = 28 + 15*14
+	d := simDraw{
+		mk:    func() simHost { return &simBucketHost{simBucketCfg: *h} },
+		pages: pages, workers: 5, ideal: simIdealPaced(float64(pages-28)/14, pages, 5, h.lat),
+		slow: 1.3, need: pages, minGot: pages,
+	}
+	for seed := range uint64(6) {
+		r := runSim(t, d, seed, true)
+		for _, l := range r.trace {
+			if strings.Contains(l, "refusals by chance") {
+				t.Errorf("seed %d: a bucket's refusals taken for chance: %s", seed, l)
+			}
+		}
+		if lim := simRequestsSlack * d.need; float64(r.sent) > lim {
+			t.Errorf("seed %d: %d requests for %d pages, want at most %.0f", seed, r.sent, pages, lim)
+		}
+	}
+}
