@@ -198,10 +198,32 @@ func (m *memory) slot(host string, at time.Time) {
 	s := m.shard(host)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if h := s.hosts[host]; h != nil && at.After(h.slots) {
+	h := s.hosts[host]
+	if h == nil {
+		return
+	}
+	if at.After(h.slots) {
 		h.slots = at
 	}
+	// Earliest first; when full, the latest goes: prepare needs the
+	// earliest.
+	i := len(h.pend)
+	for i > 0 && h.pend[i-1].After(at) {
+		i--
+	}
+	if i >= pendMax {
+		return
+	}
+	if len(h.pend) < pendMax {
+		h.pend = append(h.pend, time.Time{})
+	}
+	copy(h.pend[i+1:], h.pend[i:])
+	h.pend[i] = at
 }
+
+// pendMax bounds the slots from Redis still to come that a host's entry
+// keeps.
+const pendMax = 8
 
 // held returns every claim this process holds on a server that answers.
 func (m *memory) held(down func(string) bool) []goodbye {
