@@ -60,11 +60,15 @@ func (l *localLimiter) at(t time.Time) instant { return instantOf(l.epoch, t) }
 
 // instantOf is t as an instant counted from epoch; the zero time is the
 // zero instant.
-func instantOf(epoch, t time.Time) instant {
+func instantOf(epoch, t time.Time) instant { return atSince(t, t.Sub(epoch)) }
+
+// atSince is instantOf(epoch, t) given d, t.Sub(epoch), which its caller
+// has made for something else.
+func atSince(t time.Time, d time.Duration) instant {
 	if t.IsZero() {
 		return 0
 	}
-	return instant(t.Sub(epoch)).Add(longAgo)
+	return instant(d).Add(longAgo)
 }
 
 // timeOf is the moment an instant counted from epoch stands for; the zero

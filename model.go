@@ -230,10 +230,10 @@ func (m *hostModel) release(t uint64) (tracked bool, load int) {
 	return true, load
 }
 
-// answer takes in what an attempt got, and makes the transition it calls
-// for. It is the model's one entry for answers.
-func (m *hostModel) answer(sig *Signal, ev *changes) {
-	now := m.at(sig.Now)
+// answer takes in what an attempt got, at now (sig.Now as an instant of
+// the record, which its caller has made already), and makes the transition
+// it calls for. It is the model's one entry for answers.
+func (m *hostModel) answer(sig *Signal, now instant, ev *changes) {
 	tracked, load := m.release(sig.Ticket)
 	defer m.wake(now) // a slot freed, or a limit changed: the waiters first
 	if !tracked && !sig.Canceled && (sig.Status != 0 || sig.Failed) {
@@ -374,9 +374,6 @@ func (m *hostModel) pace() Pace {
 	return Pace{Limit: rate.Inf}
 }
 
-// quietFor is how long ago the host was last asked for or answered.
-func (m *hostModel) quietFor(t time.Time) time.Duration { return m.at(t).Sub(m.seen) }
-
 // status says what the record knows, for Learn's caller.
 func (m *hostModel) status() HostStatus {
 	s := HostStatus{State: m.state, Since: m.time(m.since), Pace: m.pace(), InFlight: int(m.ctl.limit)}
@@ -386,11 +383,10 @@ func (m *hostModel) status() HostStatus {
 	return s
 }
 
-// expired reports whether the record can be forgotten: nothing is in
+// expiredAt reports whether the record can be forgotten at now: nothing is in
 // flight, it is not down or holding a pace (unless nobody asked for the
 // host lately), and nothing went wrong with the host for forgetAfter.
-func (m *hostModel) expired(t time.Time) bool {
-	now := m.at(t)
+func (m *hostModel) expiredAt(now instant) bool {
 	if m.inflight > 0 && now.Sub(m.seen) < forgetAfter {
 		return false
 	}

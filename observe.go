@@ -58,21 +58,48 @@ func (c *call) observe(a *answer) bool {
 		c.readWaits(a, h, quota, &sig)
 	}
 	a.refused = sig.Refused
-	if o := sig.outcome(); t.noLearning || (!tell && (o == accepted || o == saysNothing)) {
+	o := sig.outcome()
+	if t.noLearning || (!tell && (o == accepted || o == saysNothing)) {
 		if t.noLearning {
 			c.latencyOnly(&sig, o, a.adm.report) // hedge.go: the learned hedge delay's latencies
 		}
 		return !plain
 	}
-	sig.Sent, sig.InFlight = t.sentLastSecond(now), int(t.inflight.Load())
-	st, err := t.limiter.Learn(c.ctx, c.hostName(), sig)
+	c.tellLimiter(a, &sig, o)
+	return !plain
+}
+
+// tellLimiter gives the limiter the Signal of answer a, of outcome o, and
+// fills in what its host's state says for decide.
+func (c *call) tellLimiter(a *answer, sig *Signal, o outcome) {
+	t := c.t
+	sig.InFlight = int(t.inflight.Load())
+	if t.readsSent(o) {
+		sig.Sent = t.sentLastSecond(sig.Now)
+	}
+	if a.adm.hash == 0 {
+		a.adm.hash = c.hash // an unheld call's, made already (calm.go)
+	}
+	st, err := t.learn(c.ctx, c.hostName(), &a.adm, sig)
 	if err != nil && t.logger != nil {
 		t.logger.LogAttrs(c.ctx, slog.LevelWarn, "retryhttp: learning failed",
 			slog.String("host", c.hostName()), slog.String("error", err.Error()))
 	}
-	a.down = st.State == HostDown
-	a.paced = sig.Refused && (st.State == HostOverloaded || st.State == HostRecovering)
-	return !plain
+	a.down = st == HostDown
+	a.paced = sig.Refused && (st == HostOverloaded || st == HostRecovering)
+}
+
+// readsSent reports whether the limiter may read Signal.Sent of an answer
+// of outcome o. The in-process model reads it of a refusal or a failure
+// alone; of any other answer it is not worth its two counts (a fifth of
+// what learning a success costs), unless making it would spread undated
+// counts (settle), which the later counts depend on: then it is made, so
+// that they are spread as they were.
+func (t *Transport) readsSent(o outcome) bool {
+	if t.local == nil || o == refused || o == failed {
+		return true
+	}
+	return t.sent.pending.Load() != 0 || (t.budget != nil && t.budget.firsts.pending.Load() != 0)
 }
 
 // sentBeforeRecord reports, for an attempt that got no ticket, whether a

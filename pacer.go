@@ -183,7 +183,11 @@ func newLocalLimiter(clk Clock) *localLimiter {
 // paced by what was learned; with a third, it runs the time sweep when
 // its moment has come (sweep.go), on the clock reading the caller has.
 func (l *localLimiter) quiet(now time.Time) bool {
-	ns := now.Sub(l.epoch).Nanoseconds()
+	return l.quietAt(now, now.Sub(l.epoch).Nanoseconds())
+}
+
+// quietAt is quiet given now as nanoseconds since the epoch.
+func (l *localLimiter) quietAt(now time.Time, ns int64) bool {
 	if ns >= l.sweepDue.Load() {
 		l.sweepSome(now, ns)
 	}
@@ -191,78 +195,115 @@ func (l *localLimiter) quiet(now time.Time) bool {
 }
 
 func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error) {
-	if a.Pace.Unlimited() && l.quiet(a.Now) {
-		return Reservation{OK: true}, nil
+	var res Reservation
+	l.reserve(&a, 0, nil, &res)
+	return res, nil
+}
+
+// reserve is Reserve given the host's hash when the caller has one (0:
+// not made yet), so that a request hashes its host once, and the entry an
+// earlier attempt of the request was given (nil: none), which the lookup
+// would find again unless it was dropped since. It returns the host's
+// entry with a slot that asks for a report: its Transport hands it back
+// with the answer (learn), which then needs no lookup either.
+func (l *localLimiter) reserve(a *Attempt, h uint32, hint *hostState, res *Reservation) *hostState {
+	d := a.Now.Sub(l.epoch) // one subtraction for the sweep's moment and the model's instant
+	if a.Pace.Unlimited() && l.quietAt(a.Now, d.Nanoseconds()) {
+		*res = Reservation{OK: true}
+		return nil
 	}
-	h := hostHash(a.Host)
+	if h == 0 {
+		h = hostHash(a.Host)
+	}
 	if a.Pace.Unlimited() {
 		if !l.mayHold(h) {
 			// A host without an entry is neither parked nor modelled,
 			// whatever other hosts are: no lock.
-			return Reservation{OK: true}, nil
+			*res = Reservation{OK: true}
+			return nil
 		}
 	} else {
-		l.tick(a.Now)
+		l.tickAt(a.Now, d.Nanoseconds())
 	}
 	s := &l.shards[shardOf(h)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := s.hosts[a.Host]
+	st := hint
+	if st == nil || st.dropped {
+		st = s.hosts[a.Host]
+	}
 	if st == nil {
 		if a.Pace.Unlimited() {
-			return Reservation{OK: true}, nil // not parked: parking creates the entry
+			*res = Reservation{OK: true} // not parked: parking creates the entry
+			return nil
 		}
 		// A configured pace is kept whatever the bound on entries.
 		st = s.add(l, a.Host, h, a.Now, true)
 	}
-	if st.until.After(l.at(a.Now)) {
-		return Reservation{ParkedUntil: timeOf(l.epoch, st.until)}, nil
+	now := atSince(a.Now, d) // the entry's and its model's: they count from the same epoch
+	if st.until.After(now) {
+		*res = Reservation{ParkedUntil: timeOf(l.epoch, st.until)}
+		return nil
 	}
 	if a.CheckOnly {
-		return Reservation{OK: true}, nil
+		*res = Reservation{OK: true}
+		return nil
 	}
-	m := l.model(st, a.Now)
+	m := l.modelAt(st, now)
 	if m == nil {
-		return s.reserve(l, st, a, a.Pace, 0), nil
+		*res = s.reserve(l, st, a, a.Pace, 0)
+		return nil
 	}
-	now := m.at(a.Now)
+	return s.reserveModelled(l, st, m, a, now, res)
+}
+
+// reserveModelled is reserve for a host with a model, at now. The caller
+// holds the shard's lock.
+func (s *shard) reserveModelled(l *localLimiter, st *hostState, m *hostModel, a *Attempt, now instant, res *Reservation) *hostState {
 	m.seen = now
 	if m.state == HostDown {
-		return m.admitDown(a.Host, now), nil
+		*res = m.admitDown(a.Host, now)
+		return nil
 	}
-	var ev changes
-	m.adjust(&ev, now)
-	l.logChanges(a.Host, &ev)
+	if l.logger == nil {
+		m.adjust(nil, now) // nothing to log: no changes noted
+	} else {
+		var ev changes
+		m.adjust(&ev, now)
+		l.logChanges(a.Host, &ev)
+	}
 	m.wake(now) // a limit grown or gone: the waiters first
 	if a.Waited != nil {
 		if t := m.collect(a.Waited); t != 0 {
 			// The slot kept for it; the configured pace still applies.
-			res := s.reserve(l, st, a, a.Pace, 0)
+			*res = s.reserve(l, st, a, a.Pace, 0)
 			if !res.OK {
 				m.release(t)
 				m.wake(now)
-				return res, nil
+				return nil
 			}
 			m.tookQuota()
 			res.Report, res.Ticket = true, t
-			return res, nil
+			return st
 		}
 	}
 	if m.q.active() {
 		if at, spent := m.quotaWait(now); spent {
 			// The host's quota is spent: none remain until it says they
 			// do again, or until its reset.
-			return Reservation{AskAgain: m.time(at)}, nil
+			*res = Reservation{AskAgain: m.time(at)}
+			return nil
 		}
 	}
 	if m.ctl.limit > 0 && (m.inflight >= m.ctl.limit || m.waiting()) {
 		m.ctl.busyAt = now
 		w := m.enqueue()
-		return Reservation{Wait: w.ch, Cancel: func(t time.Time) {
+		*res = Reservation{Wait: w.ch, Cancel: func(t time.Time) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			m.cancelWait(w, m.at(t))
-		}}, nil
+		}}
+		return nil
 	}
 	pace := a.Pace.min(m.pace())
 	if nb := m.ctl.notBefore; !nb.IsZero() && !pace.Unlimited() {
@@ -273,16 +314,16 @@ func (l *localLimiter) Reserve(_ context.Context, a Attempt) (Reservation, error
 		}
 	}
 	m.syncQuota(st, pace, a.Now)
-	res := s.reserve(l, st, a, pace, horizonFor(pace, a.Pace))
+	*res = s.reserve(l, st, a, pace, horizonFor(pace, a.Pace))
 	if res.Delay > 0 && pace != a.Pace {
 		m.ctl.busyAt = now // a request waits for the learned pace: it binds
 	}
 	if !res.OK {
-		return res, nil
+		return nil
 	}
 	m.tookQuota()
 	res.Report, res.Ticket = true, m.send(now)
-	return res, nil
+	return st
 }
 
 // horizonFor is how far ahead pace hands out slots: a learned pace no
@@ -296,7 +337,7 @@ func horizonFor(pace, configured Pace) time.Duration {
 
 // reserve takes the host's next slot at pace, as Reserve answers it.
 // The caller holds the shard's lock.
-func (s *shard) reserve(l *localLimiter, st *hostState, a Attempt, pace Pace, horizon time.Duration) Reservation {
+func (s *shard) reserve(l *localLimiter, st *hostState, a *Attempt, pace Pace, horizon time.Duration) Reservation {
 	if pace.Unlimited() {
 		return Reservation{OK: true}
 	}
@@ -326,7 +367,12 @@ func (s *shard) reserve(l *localLimiter, st *hostState, a Attempt, pace Pace, ho
 // model returns the host's model, forgetting an expired one; nil when the
 // host has none. The caller holds the shard's lock.
 func (l *localLimiter) model(st *hostState, now time.Time) *hostModel {
-	if st.model != nil && st.model.expired(now) {
+	return l.modelAt(st, l.at(now))
+}
+
+// modelAt is model at an instant of the limiter's epoch.
+func (l *localLimiter) modelAt(st *hostState, now instant) *hostModel {
+	if st.model != nil && st.model.expiredAt(now) {
 		st.model.releaseAll()
 		st.model = nil
 		l.learning.Add(-1)
@@ -371,24 +417,38 @@ func (st *hostState) giveBack(now instant, interval time.Duration, after instant
 }
 
 func (l *localLimiter) Learn(_ context.Context, host string, sig Signal) (HostStatus, error) {
-	l.tick(sig.Now)
-	h := hostHash(host)
+	hs := HostStatus{Pace: Pace{Limit: rate.Inf}}
+	l.learn(host, hostHash(host), nil, &sig, &hs)
+	return hs, nil
+}
+
+// learn is Learn given the host's hash, and its entry when the attempt's
+// reservation returned one (reserve): an entry not dropped since is the
+// one the host's lookup would find. It returns the host's state, what a
+// Transport reads of an answer's; hs, when set, gets the whole status,
+// which costs as much again to make.
+func (l *localLimiter) learn(host string, h uint32, st *hostState, sig *Signal, hs *HostStatus) HostState {
+	d := sig.Now.Sub(l.epoch)
+	l.tickAt(sig.Now, d.Nanoseconds())
 	s := &l.shards[shardOf(h)]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st := s.hosts[host]
+	if st == nil || st.dropped {
+		st = s.hosts[host]
+	}
+	now := atSince(sig.Now, d)
 	var m *hostModel
 	if st != nil {
-		m = l.model(st, sig.Now)
+		m = l.modelAt(st, now)
 	}
 	if m == nil {
-		if !worthARecord(&sig) {
-			return HostStatus{Pace: Pace{Limit: rate.Inf}}, nil
+		if !worthARecord(sig) {
+			return HostHealthy
 		}
 		if st == nil {
 			if st = s.add(l, host, h, sig.Now, false); st == nil {
 				// The shard is full: the host stays unrecorded, healthy.
-				return HostStatus{Pace: Pace{Limit: rate.Inf}}, nil
+				return HostHealthy
 			}
 		}
 		m = newModel(l.gens.Add(1), &l.epoch, sig.Now)
@@ -404,10 +464,17 @@ func (l *localLimiter) Learn(_ context.Context, host string, sig Signal) (HostSt
 			}
 		}
 	}
-	var ev changes
-	m.answer(&sig, &ev)
-	l.logChanges(host, &ev)
-	return m.status(), nil
+	if l.logger == nil {
+		m.answer(sig, now, nil) // nothing to log: no changes noted
+	} else {
+		var ev changes
+		m.answer(sig, now, &ev)
+		l.logChanges(host, &ev)
+	}
+	if hs != nil {
+		*hs = m.status()
+	}
+	return m.state
 }
 
 // worthARecord reports whether an answer says enough of a healthy host to
@@ -458,222 +525,4 @@ func (l *localLimiter) probeBy(host string, at time.Time) {
 	if st := s.hosts[host]; st != nil && st.model != nil && st.model.state == HostDown && st.model.at(at).Before(st.model.down.next) {
 		st.model.down.next = st.model.at(at)
 	}
-}
-
-// paceError is a Transport's pace declining an attempt: its slot to the
-// host comes after the request's deadline. It matches
-// context.DeadlineExceeded, and an outer Transport never retries it.
-type paceError struct {
-	host string
-	wait time.Duration
-}
-
-func (e *paceError) Error() string {
-	return fmt.Sprintf("retryhttp: pacing %s needs a wait of %v, past the request's deadline", e.host, e.wait)
-}
-
-func (e *paceError) Unwrap() error { return context.DeadlineExceeded }
-
-// admission is an attempt let go: when, and the ticket the limiter wants
-// back with its answer.
-type admission struct {
-	at     time.Time
-	ticket uint64
-	report bool
-}
-
-// admit waits until an attempt to host may start, and returns when it
-// started: out the host's parking, if it fits the max wait and the
-// deadline, then for the pace's slot, or for a slot in flight. A parking
-// set while it waits for the slot is waited out too, and the slot taken
-// afresh behind it: no round limit, since every parking it waits out was
-// named by a server and fits the bounds, and the deadline ends the rest.
-// It returns a *HostDownError at once for a host that is down, a
-// *HostPausedError when a parking, or a learned wait, does not fit the max
-// or the deadline, a *paceError when the slot would come after the
-// deadline, and the context's error when it ends the wait.
-//
-// now is the caller's reading of the clock: the success path reads it once
-// per request, which matters where reading it costs 100 ns.
-func (t *Transport) admit(ctx context.Context, host string, now time.Time) (admission, error) {
-	if t.free != nil && !t.free.mayHold(hostHash(host)) {
-		// No pace configured, and the host has no entry: neither parked
-		// nor modelled, whatever other hosts hold.
-		return admission{at: now}, nil
-	}
-	deadline, _ := ctx.Deadline()
-	a := Attempt{Host: host, Pace: t.paceFor(host), Latest: deadline}
-	stuck := 0 // AskAgain answers that named no later moment
-	for {
-		a.Now = now
-		res, err := t.limiter.Reserve(ctx, a)
-		if res.ParkedUntil.IsZero() {
-			// A slot in flight kept for this request is collected by
-			// this ask, unless the host is parked: then by the ask after
-			// the parking. (Forgetting it there left the slot kept for
-			// nobody, and every request queued behind it waited until
-			// the kept slot's record was forgotten: a minute.)
-			a.Waited = nil
-		}
-		switch {
-		case err != nil:
-			return admission{at: now}, err
-		case res.Down != nil:
-			return admission{at: now}, res.Down
-		case res.OK:
-			adm := admission{at: now, ticket: res.Ticket, report: res.Report}
-			if res.Delay <= 0 {
-				return adm, nil
-			}
-			at, err := t.waitSlot(ctx, host, now, res, deadline)
-			if err != nil {
-				t.giveBack(ctx, host, adm)
-				return admission{at: now}, err
-			}
-			if !at.IsZero() {
-				adm.at = at
-				return adm, nil
-			}
-			t.giveBack(ctx, host, adm) // parked meanwhile: a fresh slot behind the parking
-			now = t.clock.Now()
-		case res.Wait != nil:
-			if err := t.waitInFlight(ctx, host, now, res.Wait, deadline); err != nil {
-				if res.Cancel != nil {
-					res.Cancel(t.clock.Now())
-				}
-				return admission{at: now}, err
-			}
-			a.Waited = res.Wait
-			now = t.clock.Now()
-		case !res.AskAgain.IsZero():
-			// A learned pace, or a spent quota, is waited out only as far
-			// as a parking would be.
-			if !res.AskAgain.After(now) {
-				if stuck++; stuck > maxAskAgain {
-					return admission{at: now}, fmt.Errorf("retryhttp: the limiter asked %d times in a row to ask again at once for %s", stuck, host)
-				}
-			}
-			if err := t.waitParking(ctx, host, now, res.AskAgain, deadline); err != nil {
-				return admission{at: now}, err
-			}
-			now = t.clock.Now()
-		case res.ParkedUntil.IsZero():
-			return admission{at: now}, &paceError{host: host, wait: res.Delay}
-		default:
-			if err := t.waitParking(ctx, host, now, res.ParkedUntil, deadline); err != nil {
-				return admission{at: now}, err
-			}
-			now = t.clock.Now()
-		}
-	}
-}
-
-// waitSlot sleeps until a slot taken ahead, then waits out a parking set
-// meanwhile. It returns when the attempt may start, or the zero time when a
-// parking came first (the slot is then of no use: the caller takes a new
-// one behind the parking).
-func (t *Transport) waitSlot(ctx context.Context, host string, now time.Time, res Reservation, deadline time.Time) (time.Time, error) {
-	// Delay counts from now, and the limiter may have taken a while to
-	// answer (a round trip to Redis): sleep until the slot, not for Delay
-	// from here, or the attempt goes late and bunches with the next one.
-	slot := now.Add(res.Delay)
-	if err := t.clock.Sleep(ctx, slot.Sub(t.clock.Now())); err != nil {
-		if res.Cancel != nil {
-			res.Cancel(t.clock.Now())
-		}
-		return now, err
-	}
-	now = t.clock.Now()
-	// Another request's answer may have parked the host while this one
-	// waited: look again, taking no second slot.
-	until, err := t.parkedUntil(ctx, host, now)
-	if err != nil || until.IsZero() {
-		return now, err
-	}
-	if err := t.waitParking(ctx, host, now, until, deadline); err != nil {
-		return now, err
-	}
-	return time.Time{}, nil
-}
-
-// giveBack returns the ticket of an attempt that will not be sent.
-func (t *Transport) giveBack(ctx context.Context, host string, adm admission) {
-	if adm.report {
-		t.limiter.Learn(ctx, host, Signal{Now: t.clock.Now(), Ticket: adm.ticket, Canceled: true})
-	}
-}
-
-// waitInFlight waits for a slot in flight to free, at most until the
-// deadline and for the Retry-After max: a limit in flight is a learned
-// wait, and no learned wait is longer.
-func (t *Transport) waitInFlight(ctx context.Context, host string, now time.Time, freed <-chan struct{}, deadline time.Time) error {
-	d := t.raMax
-	if !deadline.IsZero() {
-		d = min(d, deadline.Sub(now))
-	}
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() { // ends with the wait, whichever way it ends
-		select {
-		case <-freed:
-			cancel()
-		case <-wctx.Done():
-		}
-	}()
-	if err := t.clock.Sleep(wctx, d); err != nil && ctx.Err() != nil {
-		return ctx.Err()
-	}
-	select {
-	case <-freed:
-		return nil
-	default:
-		return &paceError{host: host, wait: d}
-	}
-}
-
-// maxAskAgain bounds the AskAgain answers in a row that name no later
-// moment: a Limiter that keeps asking to ask again at once is failing, and
-// the request is not spun on it.
-const maxAskAgain = 100
-
-// parkedUntil asks the limiter whether host is parked, taking no slot.
-func (t *Transport) parkedUntil(ctx context.Context, host string, now time.Time) (time.Time, error) {
-	res, err := t.limiter.Reserve(ctx, Attempt{Host: host, Pace: Pace{Limit: rate.Inf}, Now: now, CheckOnly: true})
-	return res.ParkedUntil, err
-}
-
-// waitParking waits until a parking ends, if that fits the max wait and the
-// deadline.
-func (t *Transport) waitParking(ctx context.Context, host string, now, until, deadline time.Time) error {
-	if until.Sub(now) > t.raMax || (!deadline.IsZero() && until.After(deadline)) {
-		return &HostPausedError{Host: host, Until: until}
-	}
-	return t.clock.Sleep(ctx, until.Sub(now))
-}
-
-// admitted reports, without asking the limiter, that an attempt made at now
-// may start at once: the in-process limiter paces no host and none is
-// parked. It is the success path's admit, and needs no host name.
-func (t *Transport) admitted(now time.Time) bool {
-	return t.free != nil && t.free.quiet(now)
-}
-
-// paceFor returns the pace configured for host: its own, else the default.
-func (t *Transport) paceFor(host string) Pace {
-	if p, ok := t.hostPace[host]; ok {
-		return p
-	}
-	return t.pace
-}
-
-// park tells the limiter that host asked for a wait of d from now, and
-// returns when the parking ends. The parking is bounded by MaxParking
-// whatever the server said.
-func (t *Transport) park(ctx context.Context, host string, now time.Time, d time.Duration) time.Time {
-	until := now.Add(min(d, MaxParking))
-	if err := t.limiter.Park(ctx, host, until); err != nil && t.logger != nil {
-		t.logger.LogAttrs(ctx, slog.LevelWarn, "retryhttp: parking failed",
-			slog.String("host", host), slog.String("error", err.Error()))
-	}
-	return until
 }

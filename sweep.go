@@ -92,6 +92,9 @@ type hostState struct {
 	tat, until instant
 	model      *hostModel // nil while the host is healthy
 	cell       uint32     // the host's cell in the limiter's filter
+	// dropped is set when the entry is forgotten: a Transport holding it
+	// from its attempt's reservation looks the host up again.
+	dropped bool
 }
 
 // hostFilter counts the entries of the hosts whose hash falls in each
@@ -124,8 +127,11 @@ func (l *localLimiter) mayHold(h uint32) bool {
 
 // tick runs the time sweep when its moment has come: the caller holds no
 // shard's lock.
-func (l *localLimiter) tick(now time.Time) {
-	if ns := now.Sub(l.epoch).Nanoseconds(); ns >= l.sweepDue.Load() {
+func (l *localLimiter) tick(now time.Time) { l.tickAt(now, now.Sub(l.epoch).Nanoseconds()) }
+
+// tickAt is tick given now as nanoseconds since the epoch.
+func (l *localLimiter) tickAt(now time.Time, ns int64) {
+	if ns >= l.sweepDue.Load() {
 		l.sweepSome(now, ns)
 	}
 }
@@ -226,6 +232,7 @@ func (s *shard) drop(l *localLimiter, host string, st *hostState) {
 		l.learning.Add(-1)
 	}
 	delete(s.hosts, host)
+	st.dropped = true
 	l.entries.Add(-1)
 	l.filter.Load()[st.cell].Add(-1)
 }
@@ -238,7 +245,7 @@ func (st *hostState) forgettable(now time.Time, at instant, pressed bool) bool {
 		return false
 	}
 	m := st.model
-	return m == nil || m.expired(now) || (pressed && m.quietFor(now) >= sweepIdle && m.inflight == 0 && m.state != HostDown)
+	return m == nil || m.expiredAt(at) || (pressed && at.Sub(m.seen) >= sweepIdle && m.inflight == 0 && m.state != HostDown)
 }
 
 // forgetAt is when the entry is forgotten at the latest if nothing more is

@@ -26,6 +26,11 @@ type Transport struct {
 	// configuration: an attempt is then admitted by two atomic loads while
 	// nothing is parked or learned.
 	free *localLimiter
+	// local is the in-process limiter whenever it is the Transport's
+	// (configured pace or not): it is asked directly, given the host's
+	// hash and the entry its reservation found, which the Limiter
+	// interface has no room for.
+	local *localLimiter
 	// sent counts this Transport's attempts, all hosts, in one-second
 	// buckets, when it has no budget to count its first tries: what a host
 	// that starts refusing can have got at most.
@@ -70,6 +75,7 @@ func New(opts ...Option) *Transport {
 	switch l := t.limiter.(type) {
 	case *localLimiter:
 		l.logger = t.logger // made by newConfig for this Transport alone
+		t.local = l
 		if t.pace.Unlimited() && len(t.hostPace) == 0 {
 			t.free = l
 		}
@@ -207,7 +213,7 @@ func (c *call) run() (*http.Response, error) {
 		c.start, c.adm.at = now, now
 		if !t.admitted(now) {
 			var err error
-			if c.adm, err = t.admit(c.ctx, c.hostName(), now); err != nil {
+			if c.adm, err = t.admitAfter(c.ctx, c.hostName(), admission{hash: c.hash}, now); err != nil {
 				closeBody(c.req)
 				return nil, err
 			}
@@ -408,9 +414,10 @@ func (c *call) retry(a *answer, v verdict) (next *http.Request, reason Reason, e
 		closeBody(next)               // made ready, never sent
 		return nil, ReasonBudget, nil // a.resp goes back as held
 	}
+	prev := c.adm
 	c.adm = admission{at: now}
 	if !t.admitted(now) {
-		if c.adm, err = t.admit(c.ctx, c.hostName(), now); err != nil {
+		if c.adm, err = t.admitAfter(c.ctx, c.hostName(), prev, now); err != nil {
 			closeBody(next) // made ready, never sent
 			if c.ctx.Err() != nil {
 				held.discard()
@@ -435,8 +442,10 @@ func (c *call) retry(a *answer, v verdict) (next *http.Request, reason Reason, e
 func (c *call) spend(now time.Time, refusal bool) bool {
 	t := c.t
 	if refusal && !t.noLearning {
-		st, err := t.limiter.Learn(c.ctx, c.hostName(), Signal{Now: now, Reset: -1, Remaining: -1})
-		if err == nil && (st.State == HostOverloaded || st.State == HostRecovering) {
+		// The host's state, asked with the attempt's hash and entry:
+		// the retry goes to the host the refused attempt went to.
+		st, err := t.learn(c.ctx, c.hostName(), &c.adm, &Signal{Now: now, Reset: -1, Remaining: -1})
+		if err == nil && (st == HostOverloaded || st == HostRecovering) {
 			return true
 		}
 	}
