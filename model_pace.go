@@ -24,7 +24,6 @@ type control struct {
 	guess      int32   // what the host took at once in that burst: a limit in flight to try
 	acked      int32   // accepted answers since the limit last grew
 	burstCut   bool    // the last cut was of such a burst
-	drastic    bool    // the last cut found the host accepting under half the pace it cut: its ceil is not a rate
 	tried      bool    // the guess was tried
 	cutBound   bool    // the pace bound since the cut
 	before     float64 // the rate to return to when a limit in flight is refuted, and its ceil
@@ -87,7 +86,9 @@ func (m *hostModel) explained(sig *Signal, overlapped bool) bool {
 		// spent by 5 callers in 0.4 s, refused 6 of 9 in the next
 		// 0.2 s, and the second's 34 accepted hid it until 1.3 s: pages
 		// lost, three tries refused in a second).
-		if r := m.refusals.lastSecond(now); r >= downFailures && r > overloadRatio*(m.accepts.lastSecond(now)+m.ghosts+float64(m.inflight)) {
+		// One accepted at least: a host that accepts none is out, not
+		// over its capacity, and its run of failures says so (fall).
+		if a, r := m.accepts.lastSecond(now), m.refusals.lastSecond(now); a >= 1 && r >= downFailures && r > overloadRatio*(a+m.ghosts+float64(m.inflight)) {
 			return true
 		}
 	}
@@ -204,10 +205,6 @@ func (m *hostModel) overload(ev *changes, sig *Signal, tracked bool, load int, o
 		return // the cut a hold ago did not move the share it refuses
 	}
 	m.cutRate(ev, now, accepted, sent, m.fresh(now), overlapped)
-	// A refusal that named its wait parked the host, which is why it
-	// accepted little in the second before: not an outage. Nor is one
-	// of a client sending one at a time, which a parking spaces out.
-	c.drastic = c.drastic && overlapped && sig.Wait <= 0
 	if sig.limits() {
 		c.cutAt = 0 // the host said it limits the rate: nothing to check
 	}
@@ -273,7 +270,6 @@ func (m *hostModel) cutRate(ev *changes, now instant, accepted, sent float64, bu
 	// above its rate, so the cut keeps the pace past it and the share it
 	// refuses looks unmoved (bucket503Bare:5 of the simulator).
 	probed := c.ceil > 0 && c.rate > c.ceil && c.limit == 0
-	c.drastic = c.rate > 0 && accepted < c.rate/2
 	c.ceil, c.burstCut, c.limit = accepted, burst, 0
 	switch {
 	case burst && overlapped:
@@ -505,14 +501,6 @@ func (m *hostModel) grow(ev *changes, now instant) {
 	near := nearShare * c.ceil
 	next := c.rate * 2
 	switch {
-	case c.drastic:
-		// The cut found the host accepting under half the pace it had:
-		// no rate falls by half between two holds but in an outage, and
-		// what the host accepted then is no rate to climb back to. The
-		// pace doubles each hold while nothing is refused (slow start), as
-		// a host back from down does (an outage of 503s 1.4 s long left
-		// its host paced at 2/s of the 20 it took for 6 s: outage503:133
-		// of the simulator).
 	case m.q.active() && m.q.spare && c.ceil == 0:
 		// The host says it has more than the pace takes: a quarter more
 		// each hold until a refusal says where it ends. (Doubling

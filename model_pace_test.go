@@ -1,6 +1,7 @@
 package retryhttp
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -83,5 +84,47 @@ func TestBucketRefusalsNotChance(t *testing.T) {
 		if lim := simRequestsSlack * d.need; float64(r.sent) > lim {
 			t.Errorf("seed %d: %d requests for %d pages, want at most %.0f", seed, r.sent, pages, lim)
 		}
+	}
+}
+
+// A record a hold old counts from the host's first refusal: the burst its
+// second accepted before that is not what the host takes now. A bucket of
+// 14/s with a burst of 28, spent by 5 callers in 0.2 s, then refused most
+// of what they sent, and the second's accepted burst hid it for a second
+// more: the pace came 1.0-1.4 s after the first 503, and the pages whose
+// three tries fell in that second were lost (9 pages in 8 runs).
+// Refused more than twice as often as it accepted since its first refusal
+// (what is in flight counted as accepted), the host is paced within half
+// a second, in most runs: a few depend on the goroutines' order.
+func TestFreshRefusalsCountFromTheFirst(t *testing.T) {
+	h := &simBucketCfg{rate1: 14, burst: 28, code: 503, lat: 30 * time.Millisecond}
+	const pages = 28 + 15*14
+	d := simDraw{
+		mk:    func() simHost { return &simBucketHost{simBucketCfg: *h} },
+		pages: pages, workers: 5, ideal: time.Second, slow: 100, need: pages, minGot: pages,
+	}
+	soon := 0
+	for seed := range uint64(8) {
+		r := runSim(t, d, seed, true)
+		first, paced := -1.0, -1.0
+		for _, l := range r.trace {
+			f := strings.Fields(l)
+			at, err := strconv.ParseFloat(strings.TrimSuffix(f[0], "s"), 64)
+			if err != nil {
+				continue
+			}
+			if first < 0 && strings.Contains(l, ": 503 in") {
+				first = at
+			}
+			if paced < 0 && strings.Contains(l, "learned pace") {
+				paced = at
+			}
+		}
+		if first >= 0 && paced >= 0 && paced-first <= 0.5 {
+			soon++
+		}
+	}
+	if soon < 6 {
+		t.Errorf("paced within 0.5 s of the first 503 in %d runs of 8, want 6 at least", soon)
 	}
 }
