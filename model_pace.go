@@ -78,16 +78,16 @@ func (m *hostModel) explained(sig *Signal, overlapped bool) bool {
 		// A record a hold old or less counts from the host's first
 		// refusal: what the second before it brought, a burst accepted
 		// whole, is not what the host takes now. Refused more than
-		// overloadRatio times as often as it accepted since, counting
-		// what is still on its way as accepted (a refusal comes back
-		// sooner than a page: a replica failing one in five at once is
-		// not overloaded by the 24 it is still serving), the host is
-		// over its capacity (a bucket of 14/s with a burst of 28,
-		// spent by 5 callers in 0.4 s, refused 6 of 9 in the next
-		// 0.2 s, and the second's 34 accepted hid it until 1.3 s: pages
-		// lost, three tries refused in a second).
-		// One accepted at least: a host that accepts none is out, not
-		// over its capacity, and its run of failures says so (fall).
+		// overloadRatio times as often as it accepted since, the host is
+		// over its capacity (a bucket of 14/s with a burst of 28, spent
+		// by 5 callers in 0.2 s, was paced 1.0-1.4 s after its first
+		// refusal, the burst hiding it: pages lost, three tries refused
+		// in that second). What is still on its way counts as accepted:
+		// a refusal comes back sooner than a page, and a replica failing
+		// one in five at once is not overloaded by the 24 it still
+		// serves. One accepted at least: a host that accepts none is
+		// out, not over its capacity, and its run of failures says so
+		// (fall).
 		if a, r := m.accepts.lastSecond(now), m.refusals.lastSecond(now); a >= 1 && r >= downFailures && r > overloadRatio*(a+m.ghosts+float64(m.inflight)) {
 			return true
 		}
@@ -404,8 +404,9 @@ const (
 // after it. A cut that bound lowered what was sent; had load caused the
 // refusals, the share refused falls; had the cut left the pace past the
 // host's capacity, it rises. A share that does neither (the share since
-// the cut less than two standard errors below the share before it, and
-// not one above; three refusals since at least) is chance: a host that was not paced before is
+// the cut less than one standard error below the share before it, and
+// not one above; three refusals since at least) is chance; one between
+// one and two below awaits more answers: a host that was not paced before is
 // failing, not overloaded, and one that was keeps the pace the cut gave
 // it. Refusals at that share (exShare) are not taken for load again until
 // the record is forgotten. A cut that lowered the share is followed by
