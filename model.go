@@ -58,7 +58,9 @@ import (
 // host refused more than it accepted of what it was sent in the last
 // second (Google SRE's client-side throttling: requests beyond twice the
 // accepts) while more than one attempt was in flight: nothing sent one at a
-// time overloads anything. Once a cut has shown that the host refuses a
+// time overloads a host's capacity. What is sent one at a time can still
+// come too soon for a rate: refusals that come sooner after an accepted
+// attempt than accepted ones do are load too (spacing, in model_spacing.go). Once a cut has shown that the host refuses a
 // share whatever the load, only refusals beyond that share are load. A
 // host that announces its quota (X-RateLimit-*,
 // RateLimit-*) says what it accepts: it is held to what it says remains,
@@ -153,9 +155,10 @@ type hostModel struct {
 	okLoad       twoSeconds // the most in flight at the send of an accepted attempt
 	answered     instant    // when the last answer came, and when it was sent
 	answeredSent instant
-	exShare      float64    // the share it refused after cuts that did not lower it
-	ghosts       float64    // attempts sent before the record, still on their way, at most (while fresh)
+	exShare      float32    // the share it refused after cuts that did not lower it
+	ghosts       float32    // attempts sent before the record, still on their way, at most (while fresh)
 	latencies    *latencies // a paced host's, allocated at its first: a failing host keeps none
+	gaps         spacing    // when the attempts sent alone were refused (model_spacing.go)
 
 	// The run of failures that may make the host down.
 	streak      int32
@@ -167,7 +170,7 @@ type hostModel struct {
 	reachable   bool  // some failure of the run had a connection
 	together    bool  // some failure of the run was of an attempt sent while another was on its way
 	lastFailure string
-	rateBefore  float64 // what the host accepted in the second before the run
+	rateBefore  float32 // what the host accepted in the second before the run
 	ctlBefore   holding // how it was held before the run
 	failShare   float64 // the share of its answers that failed, over about failMemory
 	shareBefore float64 // failShare before the run
@@ -267,6 +270,9 @@ func (m *hostModel) answer(sig *Signal, now instant, ev *changes) {
 		m.refusals.add(now)
 	case accepted, served:
 		m.accepts.add(now)
+	}
+	if o == refused || o == accepted {
+		m.gaps.answered(sentAt, o == refused, !overlapped)
 	}
 	if c := &m.ctl; !c.cutAt.IsZero() && sentAt.After(c.cutAt) && !sig.limits() && o != failed {
 		c.cutAnswers++

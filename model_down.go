@@ -34,9 +34,9 @@ func (m *hostModel) failure(sig *Signal, overlapped bool) {
 		m.older = m.inflight
 		// What the host took before the run, to be paced at when it comes
 		// back; for a record just made, the process's rate bounds it.
-		m.rateBefore = m.accepts.lastSecond(m.at(sig.Now))
+		m.rateBefore = float32(m.accepts.lastSecond(m.at(sig.Now)))
 		if m.fresh(m.at(sig.Now)) {
-			m.rateBefore = max(m.rateBefore, sig.Sent)
+			m.rateBefore = max(m.rateBefore, float32(sig.Sent))
 		}
 		// What the run does to the pace is not what the host took: the
 		// run may be an outage's first seconds, taken for overload.
@@ -100,7 +100,7 @@ func (m *hostModel) tally(failed bool) {
 // fall: any → Down. The host is handed back at once but for its probes,
 // one every probeEvery; requests waiting for a slot in flight learn of it.
 func (m *hostModel) fall(ev *changes, now instant) {
-	m.down = &outage{next: now.Add(probeEvery), oldRate: m.rateBefore, oldCtl: m.ctlBefore}
+	m.down = &outage{next: now.Add(probeEvery), oldRate: float64(m.rateBefore), oldCtl: m.ctlBefore}
 	m.failShare = m.shareBefore // what the host failed before it was down
 	m.move(toFall, now)
 	m.wake(now)
@@ -127,7 +127,7 @@ func (m *hostModel) recover(ev *changes, now instant) {
 		return
 	}
 	if was.rate > 0 || was.limit > 0 {
-		m.ctl.rate, m.ctl.limit, m.ctl.ceil = was.rate, was.limit, was.ceil
+		m.ctl.rate, m.ctl.limit, m.ctl.ceil = float64(was.rate), was.limit, float64(was.ceil)
 	} else {
 		m.ctl.rate = max(r, 1/holdTime.Seconds())
 	}

@@ -41,11 +41,13 @@ type control struct {
 // holding is what a record keeps of a control while the host is down: what
 // it is paced at again when it comes back.
 type holding struct {
-	rate, ceil float64
+	rate, ceil float32 // a float32 holds all a rate says, and keeps the record in its size class
 	limit      int32
 }
 
-func (c *control) holding() holding { return holding{rate: c.rate, ceil: c.ceil, limit: c.limit} }
+func (c *control) holding() holding {
+	return holding{rate: float32(c.rate), ceil: float32(c.ceil), limit: c.limit}
+}
 
 // acked1 grows a limit in flight below what the host took at once by one
 // for every limit's worth of accepted answers, while requests wait for it.
@@ -88,11 +90,17 @@ func (m *hostModel) explained(sig *Signal, overlapped bool) bool {
 		// serves. One accepted at least: a host that accepts none is
 		// out, not over its capacity, and its run of failures says so
 		// (fall).
-		if a, r := m.accepts.lastSecond(now), m.refusals.lastSecond(now); a >= 1 && r >= downFailures && r > overloadRatio*(a+m.ghosts+float64(m.inflight)) {
+		if a, r := m.accepts.lastSecond(now), m.refusals.lastSecond(now); a >= 1 && r >= downFailures && r > overloadRatio*(a+float64(m.ghosts)+float64(m.inflight)) {
 			return true
 		}
 	}
-	return overlapped && (1-m.exShare)*sent > overloadRatio*(sent-m.refusals.lastSecond(now))
+	if m.exShare == 0 && m.gaps.closer() {
+		// Attempts sent alone were refused when they came soon after one
+		// the host accepted, and accepted after a wait: a rate, tried by
+		// the cut (checkCut).
+		return true
+	}
+	return overlapped && (1-float64(m.exShare))*sent > overloadRatio*(sent-m.refusals.lastSecond(now))
 }
 
 // sentLastSecond is what the host got in the last second: what was counted
@@ -244,7 +252,7 @@ func (m *hostModel) phaseRefusal(sig *Signal, sent float64) bool {
 // standard deviations, and one, above it.
 func (m *hostModel) beyondChance(now instant) bool {
 	r := m.refusals.lastSecond(now)
-	n, f := r+m.accepts.lastSecond(now), m.exShare
+	n, f := r+m.accepts.lastSecond(now), float64(m.exShare)
 	return r > f*n+2*math.Sqrt(n*f*(1-f))+1
 }
 
@@ -453,8 +461,8 @@ func (m *hostModel) checkCut(ev *changes, now instant, binds bool, after time.Du
 		return m.undecided(now)
 	}
 	c.cutAt = 0
-	m.exShare = r / n
-	ev.add(change{kind: evChance, from: m.exShare})
+	m.exShare = float32(r / n)
+	ev.add(change{kind: evChance, from: float64(m.exShare)})
 	if c.cutFrom == 0 {
 		m.ctl = control{}
 		m.move(toChance, now)
@@ -494,7 +502,15 @@ func (m *hostModel) grow(ev *changes, now instant) {
 		}
 		return
 	}
-	c.cutAt = 0 // a pace grown since the cut tells nothing of it
+	if c.cutFrom != 0 {
+		// A pace grown since the cut tells nothing of it. The first cut
+		// of a host paced at nothing before is checked still: it decides
+		// whether load explains the refusals at all. Cleared by the
+		// growth, one refusing every other request sent alone (taken for
+		// a rate by its gaps) was grown, cut again, never checked, and
+		// paced for minutes.
+		c.cutAt = 0
+	}
 	if m.state == HostRecovering && c.ceil == 0 {
 		m.setRate(ev, 2*c.rate, now) // nothing refused since it came back
 		return

@@ -1,9 +1,14 @@
 package retryhttp
 
 import (
+	"context"
+	"math/rand/v2"
+	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -126,5 +131,109 @@ func TestFreshRefusalsCountFromTheFirst(t *testing.T) {
 	}
 	if soon < 6 {
 		t.Errorf("paced within 0.5 s of the first 503 in %d runs of 8, want 6 at least", soon)
+	}
+}
+
+// limitReqHost is nginx's limit_req with no burst, and its default
+// refusal: a request that comes within 1/rate of the last one it let
+// through is answered 503, with nothing else said.
+type limitReqHost struct {
+	mu       sync.Mutex
+	every    time.Duration
+	last     time.Time
+	requests int
+}
+
+func (h *limitReqHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	defer time.Sleep(time.Millisecond)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.requests++
+	if now := time.Now(); h.last.IsZero() || now.Sub(h.last) >= h.every {
+		h.last = now
+		return
+	}
+	w.WriteHeader(http.StatusServiceUnavailable)
+}
+
+// Nothing sent one at a time overloads a host's capacity, but it can come
+// too soon for its rate: one caller fetching pages one after another from
+// nginx's limit_req (10 a second, no burst, a bare 503) was refused the
+// page after each it got, and the retry after a backoff got it. Its 503s
+// were taken for a failing host's: never paced, 2.2 requests a page, and
+// the retry budget handed back 10-22 pages in 100. The refusals that come
+// soon after an accepted attempt, and the accepted after a wait, say a
+// rate (spacing); the cut is then checked like any other, so a host that
+// refuses every other request whatever the pace is failing again within
+// seconds (TestHostModelSequentialFlaky).
+func TestSequentialCallerPacedByLimitReq(t *testing.T) {
+	for seed := range uint64(5) {
+		synctest.Test(t, func(t *testing.T) {
+			host := &limitReqHost{every: 100 * time.Millisecond}
+			net := newPipeNet(host)
+			defer net.close()
+			rnd := rand.New(rand.NewPCG(seed, 7))
+			tr := New(WithBase(net.tr), WithRand(rnd.Float64))
+			got := 0
+			for i := range 100 {
+				if code, _ := get(t, tr, "http://limited.test/p/"+strconv.Itoa(i)); code == http.StatusOK {
+					got++
+				}
+			}
+			st, _ := tr.HostStatus(context.Background(), "limited.test")
+			t.Logf("seed %d: %d pages, %d requests; host %v, pace %v", seed, got, host.requests, st.State, st.Pace.Limit)
+			if got < 100 || host.requests > 130 {
+				t.Errorf("seed %d: %d of 100 pages in %d requests, want every page within 1.3 requests a page", seed, got, host.requests)
+			}
+			if st.State != HostOverloaded {
+				t.Errorf("seed %d: host %v, want overloaded (paced)", seed, st.State)
+			}
+		})
+	}
+}
+
+// TestSpacingTellsRateFromChance draws one caller's attempts, each sent at
+// once after an accepted answer or after a full-jitter backoff after a
+// refusal, against a host that refuses at random (any share, whatever the
+// gap) and against one that refuses whatever comes within its interval of
+// the last it accepted: within 60 attempts the gaps say a rate for the
+// second, and not for the first, in all but one draw of 100 at most.
+func TestSpacingTellsRateFromChance(t *testing.T) {
+	const draws = 400
+	var falseRate, missedRate int
+	for seed := range uint64(draws) {
+		r := rand.New(rand.NewPCG(seed, 99))
+		share := 0.05 + 0.9*r.Float64()                           // the random host's share refused
+		every := time.Duration(20+r.IntN(480)) * time.Millisecond // the limit's interval
+		for _, limit := range []bool{false, true} {
+			var s spacing
+			now, lastOK := instant(time.Second), instant(0)
+			told := false
+			for range 60 {
+				refused := r.Float64() < share
+				if limit {
+					refused = !lastOK.IsZero() && now.Sub(lastOK) < every
+				}
+				s.answered(now, refused, true)
+				told = told || (refused && s.closer())
+				if !refused {
+					lastOK = now
+				}
+				gap := time.Millisecond // the next page at once
+				if refused {
+					gap = time.Duration(r.Float64() * float64(500*time.Millisecond)) // a backoff
+				}
+				now = now.Add(gap + time.Millisecond)
+			}
+			switch {
+			case limit && !told:
+				missedRate++
+			case !limit && told:
+				falseRate++
+			}
+		}
+	}
+	if missedRate > draws/100 || falseRate > draws/100 {
+		t.Errorf("of %d draws: %d limits not told a rate, %d random hosts taken for one (at most %d each)", draws, missedRate, falseRate, draws/100)
 	}
 }

@@ -281,7 +281,7 @@ func (m *hostModel) quotaWait(now instant) (instant, bool) {
 		at := m.q.nextToken(now)
 		return at, !at.IsZero()
 	}
-	if m.fresh(now) && tokens-min(m.ghosts, float64(m.q.limit)) < 1 {
+	if m.fresh(now) && tokens-min(float64(m.ghosts), float64(m.q.limit)) < 1 {
 		return m.since.Add(holdTime), true
 	}
 	return 0, false

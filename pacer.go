@@ -455,7 +455,7 @@ func (l *localLimiter) learn(host string, h uint32, st *hostState, sig *Signal, 
 		// At most what the process has on its way to every host: what it
 		// sent in the last second is mostly answered already, by other
 		// hosts, in a busy process.
-		m.ghosts = float64(sig.InFlight)
+		m.ghosts = float32(sig.InFlight)
 		st.model = m
 		l.learning.Add(1)
 		for n := sig.Now.Add(holdTime).Sub(l.epoch).Nanoseconds(); ; {

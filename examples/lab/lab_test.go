@@ -149,7 +149,7 @@ func TestRising(t *testing.T) {
 
 	// The pace follows the capacity up within a few seconds of the rise.
 	got := RisingRetryhttp(risingOptions...)
-	check(t, "retryhttp", got, want{880, 80, 800, "31.4 s"}, secs)
+	check(t, "retryhttp", got, want{901, 101, 800, "30.8 s"}, secs)
 	if got.Caught != 13*time.Second {
 		t.Errorf("retryhttp: %d served a second from %v, want from 13s", risingServed, got.Caught)
 	}
