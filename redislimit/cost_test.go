@@ -35,13 +35,16 @@ func scriptCalls(t *testing.T, rdb *redis.Client) int {
 // Under load (three Limiters, four goroutines each, all waiting for the
 // shared pace of 20/s) each request costs one script call: the check for
 // a parking after the wait is answered in process, from the subscription.
+// The calls are counted over 5 s (100 requests): over 2.5 s, one episode
+// of extra calls on a machine busy with the other modules' tests (6, once
+// in a CI run) read as 1.12 a request.
 func TestOneScriptCallPerRequest(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartT(t)
 	admin := newClient(t, srv.Addr)
 	host := newStub(t)
 	prefix := testPrefix(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3500*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
 	for range 3 {
@@ -52,7 +55,7 @@ func TestOneScriptCallPerRequest(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond)
 	from, calls0 := time.Now(), scriptCalls(t, admin)
-	time.Sleep(2500 * time.Millisecond)
+	time.Sleep(5 * time.Second)
 	to, calls1 := time.Now(), scriptCalls(t, admin)
 	wg.Wait()
 	requests := 0
