@@ -296,9 +296,11 @@ func (h *randomHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // TestHostModelSequentialFlaky: one request at a time to a host whose
-// every other answer is a 503: nothing sent one at a time overloads
-// anything, and the client is as fast as with learning off (within a
-// quarter).
+// every other answer is a 503. Its gaps look like a rate's (each refusal
+// comes at once after a page, each retry after a backoff is served), so it
+// is paced once; the check of that cut finds the share refused unmoved,
+// and the host failing: the client is as fast as with learning off (within
+// a quarter), and unpaced at the end.
 func TestHostModelSequentialFlaky(t *testing.T) {
 	run := func(learning bool) (time.Duration, HostStatus) {
 		var took time.Duration
