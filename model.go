@@ -60,8 +60,9 @@ import (
 // accepts) while more than one attempt was in flight: nothing sent one at a
 // time overloads a host's capacity. What is sent one at a time can still
 // come too soon for a rate: refusals that come sooner after an accepted
-// attempt than accepted ones do are load too (spacing, in model_spacing.go). Once a cut has shown that the host refuses a
-// share whatever the load, only refusals beyond that share are load. A
+// attempt than accepted ones do are load too (spacing, in
+// model_spacing.go). Once a cut has shown that the host refuses a share
+// whatever the load, only refusals beyond that share are load. A
 // host that announces its quota (X-RateLimit-*,
 // RateLimit-*) says what it accepts: it is held to what it says remains,
 // until its reset (see quota).

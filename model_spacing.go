@@ -52,11 +52,8 @@ const (
 
 // spread is the variance of the mean: the sample's variance (n-1 in its
 // denominator: the weighted one is the population's, too small for a few)
-// over n.
-func (g *gapStats) spread() float64 {
-	n := float64(g.n)
-	return float64(g.v) * n / (n - 1) / n
-}
+// over n, which is v/(n-1).
+func (g *gapStats) spread() float64 { return float64(g.v) / float64(g.n-1) }
 
 func (g *gapStats) add(x float64) {
 	g.n = min(g.n+1, spacingMemory)
