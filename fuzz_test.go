@@ -132,7 +132,7 @@ func relFuzzOnce(t *testing.T, status int, h http.Header, learning bool) {
 			}
 		}
 	}
-	_, named := serverWait(&http.Response{StatusCode: status, Header: h}, relFuzzNow)
+	_, named := serverWait(&http.Response{StatusCode: status, Header: h}, waitFamilies(h, status, quotaHeaders(h)), relFuzzNow)
 	for _, ev := range events {
 		if ev.Delay < 0 || ev.Delay > maxDelay {
 			t.Fatalf("event delay %v outside [0, %v]: %+v", ev.Delay, maxDelay, ev)

@@ -139,10 +139,11 @@ func (c *call) readWaits(a *answer, h http.Header, quota bool, sig *Signal) {
 	// that met it (which waits for the reset), not the host's others. A
 	// Retry-After on a refusal is the host's word all the same.
 	scoped := quota && scopedQuota(h)
+	f := waitFamilies(h, code, quota)
 	if quota && !t.noLearning && !scoped {
-		q = announced(h, now)
+		q = announcedIn(h, f, now)
 	}
-	a.wait, a.named = serverWait(resp, now)
+	a.wait, a.named = serverWait(resp, f, now)
 	park := a.named && a.wait > 0 && (code >= 400 || t.noLearning || q.limit == 0)
 	if park && scoped {
 		_, said := retryAfter(h, now)
@@ -180,15 +181,30 @@ func dialFailed(err error) bool {
 }
 
 // serverWait is the wait a response names: Retry-After on an error status,
-// else the reset of a spent quota.
-func serverWait(resp *http.Response, now time.Time) (time.Duration, bool) {
+// else the reset of a spent quota, in the families f of quota headers it
+// may hold (waitFamilies).
+func serverWait(resp *http.Response, f limitFamilies, now time.Time) (time.Duration, bool) {
 	h := resp.Header
 	if resp.StatusCode >= 400 {
 		if w, ok := retryAfter(h, now); ok {
 			return w, true
 		}
 	}
-	return quotaReset(h, now)
+	return quotaResetIn(h, f, now)
+}
+
+// waitFamilies is the families of quota headers that serverWait and
+// announced read of an answer of status code whose header h is, quota
+// being quotaHeaders(h). A success without the remaining count of a quota
+// of requests is read for none: it names no wait, as it names none to a
+// host without a record (observe reads nothing of such an answer), and
+// the pass over its names (limitFamiliesOf) is most of what a record's
+// success would read.
+func waitFamilies(h http.Header, code int, quota bool) limitFamilies {
+	if !quota && code < 400 {
+		return 0
+	}
+	return limitFamiliesOf(h)
 }
 
 // learnMaxWindow is the longest window an announced quota may have: a

@@ -60,7 +60,7 @@ func retryAfter(h http.Header, now time.Time) (wait time.Duration, ok bool) {
 	if len(v) > maxDateLen {
 		return 0, false
 	}
-	when, err := http.ParseTime(v)
+	when, err := parseHTTPDate(v)
 	if err != nil {
 		return 0, false
 	}
@@ -108,7 +108,7 @@ func parseDecimal(v string, unit time.Duration) (time.Duration, bool) {
 // serverNow is the response's Date when it has a valid one, else now.
 func serverNow(h http.Header, now time.Time) time.Time {
 	if d := firstValue(h, "Date"); d != "" && len(d) <= maxDateLen {
-		if t, err := http.ParseTime(d); err == nil {
+		if t, err := parseHTTPDate(d); err == nil {
 			return t
 		}
 	}
@@ -135,7 +135,12 @@ func serverNow(h http.Header, now time.Time) time.Time {
 // ok is false when no header says a quota is spent, or no reset of one is
 // usable.
 func quotaReset(h http.Header, now time.Time) (wait time.Duration, ok bool) {
-	f := limitFamiliesOf(h)
+	return quotaResetIn(h, limitFamiliesOf(h), now)
+}
+
+// quotaResetIn is quotaReset given the families h may hold
+// (limitFamiliesOf), which the caller read for announced too.
+func quotaResetIn(h http.Header, f limitFamilies, now time.Time) (wait time.Duration, ok bool) {
 	if f == 0 {
 		return 0, false // no header of a quota: none of the lookups below can find one
 	}
@@ -158,6 +163,8 @@ func quotaReset(h http.Header, now time.Time) (wait time.Duration, ok bool) {
 		if isZero(firstValue(h, "X-Ratelimit-Remaining")) {
 			longest(epochOrDelay(firstValue(h, "X-Ratelimit-Reset"), h, now))
 		}
+	}
+	if f&famOpenAI != 0 {
 		for _, q := range openAIQuotas {
 			if isZero(firstValue(h, q.remaining)) {
 				longest(parseResetDuration(firstValue(h, q.reset)))
@@ -217,9 +224,10 @@ type limitFamilies uint8
 
 const (
 	famRateLimit  limitFamilies = 1 << iota // Ratelimit, Ratelimit-* (the IETF draft's)
-	famXRateLimit                           // X-Ratelimit-* (GitHub's and most APIs', OpenAI's)
+	famXRateLimit                           // X-Ratelimit-* but OpenAI's (GitHub's and most APIs')
+	famOpenAI                               // X-Ratelimit-*-Requests and -Tokens
 	famAnthropic                            // Anthropic-Ratelimit-*
-	famAll        = famRateLimit | famXRateLimit | famAnthropic
+	famAll        = famRateLimit | famXRateLimit | famOpenAI | famAnthropic
 )
 
 // limitFamiliesOf reports the families of quota headers h may hold: every
@@ -248,6 +256,9 @@ func rateLimitFamily(k string) limitFamilies {
 	case len(k) >= 9 && k[0] == 'R' && k[:9] == "Ratelimit":
 		return famRateLimit
 	case len(k) >= 11 && k[0] == 'X' && k[:11] == "X-Ratelimit":
+		if strings.HasSuffix(k, "-Requests") || strings.HasSuffix(k, "-Tokens") {
+			return famOpenAI
+		}
 		return famXRateLimit
 	case len(k) >= 19 && k[0] == 'A' && k[:19] == "Anthropic-Ratelimit":
 		return famAnthropic
@@ -364,14 +375,18 @@ func parseSeconds(v string) (int64, bool) {
 	if v == "" || len(v) > 19 {
 		return 0, false
 	}
+	// Accumulated here rather than by strconv: it is read on every answer
+	// of a host that announces a quota, and n stays under maxDelaySeconds
+	// (about 9.2e9), so 10n plus a digit cannot overflow.
+	var n int64
 	for i := 0; i < len(v); i++ {
 		if v[i] < '0' || v[i] > '9' {
 			return 0, false
 		}
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n > maxDelaySeconds {
-		return 0, false
+		n = n*10 + int64(v[i]-'0')
+		if n > maxDelaySeconds {
+			return 0, false
+		}
 	}
 	return n, true
 }
@@ -418,12 +433,20 @@ type announcement struct {
 // whole numbers, a zero limit or window, and numbers too large for a
 // Duration are ignored: the answer announces nothing.
 func announced(h http.Header, now time.Time) announcement {
+	return announcedIn(h, limitFamiliesOf(h), now)
+}
+
+// announcedIn is announced given the families h may hold
+// (limitFamiliesOf): it looks up only the headers of those, as a host
+// sends one family (each lookup is about a tenth of a learned quota's
+// success).
+func announcedIn(h http.Header, f limitFamilies, now time.Time) announcement {
 	a := announcement{reset: -1, remaining: -1}
-	if v := firstValue(h, "Ratelimit-Policy"); v != "" && len(v) <= maxRateLimitLen {
-		a.limit, a.window = parsePolicy(v)
-	}
-	if a.limit == 0 {
-		if v := firstValue(h, "Ratelimit-Limit"); v != "" && len(v) <= maxRateLimitLen {
+	if f&famRateLimit != 0 {
+		if v := firstValue(h, "Ratelimit-Policy"); v != "" && len(v) <= maxRateLimitLen {
+			a.limit, a.window = parsePolicy(v)
+		}
+		if v := firstValue(h, "Ratelimit-Limit"); a.limit == 0 && v != "" && len(v) <= maxRateLimitLen {
 			a.limit, a.window = parsePolicy(v)
 		}
 	}
@@ -439,18 +462,25 @@ func announced(h http.Header, now time.Time) announcement {
 		}
 		return a
 	}
-	if a, ok := requestQuota(h, "X-Ratelimit-Limit", "X-Ratelimit-Remaining"); ok {
-		if w, ok := epochOrDelay(firstValue(h, "X-Ratelimit-Reset"), h, now); ok {
-			a.reset = w
+	if f&famXRateLimit != 0 {
+		if a, ok := requestQuota(h, "X-Ratelimit-Limit", "X-Ratelimit-Remaining"); ok {
+			if w, ok := epochOrDelay(firstValue(h, "X-Ratelimit-Reset"), h, now); ok {
+				a.reset = w
+			}
+			return a
 		}
-		return a
 	}
 	oa, an := openAIQuotas[0], anthropicQuotas[0]
-	if a, ok := requestQuota(h, oa.limit, oa.remaining); ok {
-		if w, ok := parseResetDuration(firstValue(h, oa.reset)); ok {
-			a.reset = w
+	if f&famOpenAI != 0 {
+		if a, ok := requestQuota(h, oa.limit, oa.remaining); ok {
+			if w, ok := parseResetDuration(firstValue(h, oa.reset)); ok {
+				a.reset = w
+			}
+			return a
 		}
-		return a
+	}
+	if f&famAnthropic == 0 {
+		return announcement{}
 	}
 	if a, ok := requestQuota(h, an.limit, an.remaining); ok {
 		if w, ok := untilTime(firstValue(h, an.reset), h, now); ok {

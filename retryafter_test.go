@@ -295,7 +295,7 @@ func TestMayLimitNames(t *testing.T) {
 	families := map[string]limitFamilies{"Ratelimit": famRateLimit, "Ratelimit-Remaining": famRateLimit, "Ratelimit-Reset": famRateLimit,
 		"X-Ratelimit-Remaining": famXRateLimit, "X-Ratelimit-Reset": famXRateLimit}
 	for _, q := range openAIQuotas {
-		families[q.limit], families[q.remaining], families[q.reset] = famXRateLimit, famXRateLimit, famXRateLimit
+		families[q.limit], families[q.remaining], families[q.reset] = famOpenAI, famOpenAI, famOpenAI
 	}
 	for _, q := range anthropicQuotas {
 		families[q.limit], families[q.remaining], families[q.reset] = famAnthropic, famAnthropic, famAnthropic
