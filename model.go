@@ -44,7 +44,9 @@ import (
 //	                                        of them or more (at once when no
 //	                                        connection could be made), in a run
 //	                                        the share it failed before makes
-//	                                        unlikely (see unlikely)
+//	                                        unlikely (see unlikely), with
+//	                                        nothing sent before it still on
+//	                                        its way (ghostWait)
 //	recover   Down → Recovering             an answer gets through (the probe's)
 //	settle    Overloaded, Recovering → Healthy  the pace holds nothing back
 //	heal      Failing → Healthy             nothing gone wrong for forgetAfter, the
@@ -74,6 +76,12 @@ const (
 	// time; a host slower than that says so with a Retry-After, which
 	// parks it instead.
 	downAfter = time.Second
+	// ghostWait is how long the attempts sent before a host's record are
+	// awaited before a run of failures makes it down (ghostsAwaited): a
+	// slow API's answers take a few seconds, and a dead address's attempts
+	// fail at once, so those still out after 10 s are most likely other
+	// hosts' in a busy process.
+	ghostWait = 10 * time.Second
 	// downFailures is the fewest failures in a row that make a host down:
 	// the tries of one request with the default attempts, so that a single
 	// failed request never takes a host off line.

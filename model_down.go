@@ -58,11 +58,23 @@ func (m *hostModel) falls(now instant) bool {
 		return false // shorter than any run needed (runNeeded's logarithm is not worked out on every answer)
 	}
 	need := m.runNeeded()
-	if int(m.streak) < need || m.older > 0 {
+	if int(m.streak) < need || m.older > 0 || m.ghostsAwaited(now) {
 		return false
 	}
 	span := now.Sub(m.streakFrom)
 	return !m.reachable || span >= downAfter || (int(m.streak) >= max(downRun, need) && !m.together && span > 0)
+}
+
+// ghostsAwaited reports whether attempts sent before the record was made
+// may still be on their way to the host: they may yet get through, as
+// older ones of the run do. A host whose answers take longer than downAfter
+// (a limit in flight of slow requests) refuses what comes beyond its limit
+// at once while it serves the rest: its first answers are all refusals,
+// and taking it for down handed back every request until the first of
+// those it served came back. ghosts counts what the whole process had on
+// its way, so it is awaited for ghostWait at most.
+func (m *hostModel) ghostsAwaited(now instant) bool {
+	return m.ghosts >= 1 && now.Sub(m.since) < ghostWait
 }
 
 // runNeeded is the shortest run of failures that makes the host down: a

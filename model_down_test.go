@@ -1,0 +1,131 @@
+package retryhttp
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// slotsHost serves slots requests at a time, each for service, and
+// refuses with a bare 503 what comes beyond them (HAProxy's maxconn
+// without a queue, a full semaphore); a host name starting "dead" answers
+// 503 to everything, and one starting "slow" holds its requests for a
+// minute.
+type slotsHost struct {
+	slots   chan struct{}
+	service time.Duration
+}
+
+func (h *slotsHost) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case strings.HasPrefix(r.Host, "dead"):
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	case strings.HasPrefix(r.Host, "slow"):
+		select {
+		case <-time.After(time.Minute):
+		case <-r.Context().Done():
+		}
+		return
+	}
+	select {
+	case h.slots <- struct{}{}:
+	default:
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	time.Sleep(h.service)
+	<-h.slots
+	w.Write([]byte("ok"))
+}
+
+// TestSlowLimitInFlightNotDown: a host that serves 7 requests at a time,
+// each for 1.5 s, refuses the rest of an opening burst of 9 at once, and
+// its first answers are all refusals: it is not taken for down while the
+// 7 it serves are on their way (the synthetic host of inFlight:12 lost 81
+// of 92 pages to ErrHostDown that way).
+func TestSlowLimitInFlightNotDown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		host := &slotsHost{slots: make(chan struct{}, 7), service: 1500 * time.Millisecond}
+		net := newPipeNet(host)
+		defer net.close()
+		tr := New(WithBase(net.tr))
+		var down, got atomic.Int32
+		var next atomic.Int32
+		var wg sync.WaitGroup
+		for range 9 {
+			wg.Go(func() {
+				for {
+					i := next.Add(1)
+					if i > 60 {
+						return
+					}
+					resp, err := send(tr, http.MethodGet, "http://limited.test/p/"+strconv.Itoa(int(i)), "", nil)
+					switch {
+					case errors.Is(err, ErrHostDown):
+						down.Add(1)
+					case err == nil:
+						if resp.StatusCode == http.StatusOK {
+							got.Add(1)
+						}
+						readAll(resp)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		t.Logf("%d of 60 pages, %d handed back as down", got.Load(), down.Load())
+		if down.Load() > 0 {
+			t.Errorf("%d requests failed with ErrHostDown: a host serving 7 at a time is not down", down.Load())
+		}
+	})
+}
+
+// TestDownWhileOthersSlow: a host that answers 503 to everything is still
+// found down while the process has 20 slow requests on their way to
+// another host (which its record counts as attempts that may yet get
+// through): within ghostWait and a few of its runs.
+func TestDownWhileOthersSlow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		net := newPipeNet(&slotsHost{slots: make(chan struct{}, 1)})
+		defer net.close()
+		tr := New(WithBase(net.tr))
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		for i := range 20 {
+			wg.Go(func() {
+				resp, err := sendCtx(ctx, tr, http.MethodGet, "http://slow.test/"+strconv.Itoa(i), "", nil)
+				if err == nil {
+					readAll(resp)
+				}
+			})
+		}
+		time.Sleep(time.Millisecond)
+		start := time.Now()
+		var downAt time.Duration
+		for range 200 {
+			resp, err := send(tr, http.MethodGet, "http://dead.test/", "", nil)
+			if errors.Is(err, ErrHostDown) {
+				downAt = time.Since(start)
+				break
+			}
+			if err == nil {
+				readAll(resp)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		cancel()
+		wg.Wait()
+		t.Logf("down after %v", downAt)
+		if downAt == 0 || downAt > ghostWait+3*time.Second {
+			t.Errorf("found down after %v (0: never), want within %v", downAt, ghostWait+3*time.Second)
+		}
+	})
+}
