@@ -86,6 +86,13 @@ const (
 	// the tries of one request with the default attempts, so that a single
 	// failed request never takes a host off line.
 	downFailures = 3
+	// aboveOKRun is how many refusals in a row of attempts sent with more
+	// in flight than the host accepted at once lately explain them as a
+	// limit on what it serves at once (countAboveOK): the tries of one
+	// request less one, so that a request refused so on each try is held
+	// for a slot on its last instead of lost. Fewer takes a host refusing
+	// half at random for a limit on one run of new load in two.
+	aboveOKRun = downFailures - 1
 	// downRun is a run of failures that makes a host down without waiting
 	// for downAfter, when each was sent after the one before was answered:
 	// a host failing half its answers at random does that once in a
@@ -152,8 +159,9 @@ type hostModel struct {
 	lastLoad    instant // last refusal that load explained
 	gen         uint32  // tells this record's tickets from an earlier one's
 	state       HostState
-	held        bool // it served an attempt of ours while it refused others
-	says429     bool // it refused saying it limits the rate (a 429): its bare 503s are not its limit's
+	held        bool  // it served an attempt of ours while it refused others
+	says429     bool  // it refused saying it limits the rate (a 429): its bare 503s are not its limit's
+	aboveOK     uint8 // refusals in a row sent with more in flight than any accepted lately
 
 	// What went out and came back.
 	inflight     int32  // attempts with a ticket, sent and not answered
@@ -282,6 +290,9 @@ func (m *hostModel) answer(sig *Signal, now instant, ev *changes) {
 	}
 	if o == refused || o == accepted {
 		m.gaps.answered(sentAt, o == refused, !overlapped)
+	}
+	if tracked && (o == refused || o == accepted) {
+		m.countAboveOK(load, o == refused, now)
 	}
 	if c := &m.ctl; !c.cutAt.IsZero() && sentAt.After(c.cutAt) && !sig.limits() && o != failed {
 		c.cutAnswers++

@@ -129,3 +129,43 @@ func TestDownWhileOthersSlow(t *testing.T) {
 		}
 	})
 }
+
+// TestOneCallerOverSlotsNotFailing: six callers at a host that serves five
+// at a time (200 ms each) and refuses the sixth with a bare 503: the five
+// fill the slots again as each is answered, so the sixth is refused every
+// try, 15 % of what the host is sent, which read as a host failing at
+// random: 142-145 of 150 pages, the host "failing" (inFlight:29 of the
+// simulator lost one in twenty). Refused with more in flight than the
+// host accepted at once, it is a limit in flight, held to: 148-149 of 150
+// in 30 runs, the pages lost those of the opening, whose burst was sent
+// before the host had a record (so its tries' loads did not count it).
+func TestOneCallerOverSlotsNotFailing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		host := &slotsHost{slots: make(chan struct{}, 5), service: 200 * time.Millisecond}
+		net := newPipeNet(host)
+		defer net.close()
+		tr := New(WithBase(net.tr))
+		const pages = 150
+		var got, next atomic.Int32
+		var wg sync.WaitGroup
+		for range 6 {
+			wg.Go(func() {
+				for next.Add(1) <= pages {
+					resp, err := send(tr, http.MethodGet, "http://slots.test/", "", nil)
+					if err == nil {
+						if resp.StatusCode == http.StatusOK {
+							got.Add(1)
+						}
+						readAll(resp)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		st, _ := tr.HostStatus(context.Background(), "slots.test")
+		t.Logf("%d of %d pages; host %v, limit in flight %d", got.Load(), pages, st.State, st.InFlight)
+		if got.Load() < pages-2 || st.State != HostOverloaded || st.InFlight == 0 {
+			t.Errorf("%d of %d pages, host %v, limit in flight %d; want every page but two, held to a limit in flight", got.Load(), pages, st.State, st.InFlight)
+		}
+	})
+}

@@ -72,6 +72,15 @@ func (m *hostModel) explained(sig *Signal, overlapped bool) bool {
 	if sig.limits() || m.state == HostOverloaded {
 		return true
 	}
+	if overlapped && m.exShare == 0 && m.aboveOK >= aboveOKRun {
+		// Refused, aboveOKRun times in a row, what was sent with more
+		// in flight than the host accepted at once lately: a limit on
+		// what it serves at once, however small the share refused (one
+		// caller of six, beside five that fill the slots again as each is
+		// answered, is refused every try: 15 % of what the host is sent,
+		// which read as a host failing at random, and lost its pages).
+		return true
+	}
 	// A host that refuses a share at random whatever the load (exShare,
 	// once cuts showed that) accepts the rest of what it is sent: it is
 	// overloaded when it accepts less than 1/overloadRatio of that.
@@ -101,6 +110,23 @@ func (m *hostModel) explained(sig *Signal, overlapped bool) bool {
 		return true
 	}
 	return overlapped && (1-float64(m.exShare))*sent > overloadRatio*(sent-m.refusals.lastSecond(now))
+}
+
+// countAboveOK counts the refusals in a row of attempts sent with more in
+// flight (load, the attempt included) than the host accepted at once in
+// the last two seconds; an answer that says otherwise (a refusal within
+// that, an acceptance beyond it) starts the count again. A host that
+// refuses a share at random makes a run of aboveOKRun with the chance of
+// its share to that power (and its acceptances beyond the load end it);
+// one that limits what it serves at once, every time.
+func (m *hostModel) countAboveOK(load int, refused bool, now instant) {
+	most := int(m.okLoad.max(now))
+	switch {
+	case refused && most >= 1 && load > most:
+		m.aboveOK = min(m.aboveOK+1, aboveOKRun)
+	case refused || load > most:
+		m.aboveOK = 0
+	}
 }
 
 // sentLastSecond is what the host got in the last second: what was counted
