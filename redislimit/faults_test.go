@@ -306,11 +306,17 @@ func goesOn(ts []time.Time, from, to time.Time) (float64, time.Duration) {
 	return float64(len(in)) / to.Sub(from).Seconds(), gap
 }
 
-// stopped reports a pace that stopped in [from, to): under 70 % of it, or
-// a gap over 400 ms.
+// stopped reports a pace that stopped in [from, to): under 85 % of it, or
+// a gap over 400 ms. The floor was 70 % while the processes paced half
+// their shares or less in the lane after the loss (they waited for their
+// own slots in process to pass before asking for more, and gave their
+// claims back meanwhile): 14.0-16.0/s, and 13.6 in CI. Paced whole, the
+// window (0.5 s before the loss to 2 s after) reads 18.4-19.6/s, the
+// restart's own time and the switch to the lane included, alone and
+// under load; 85 % (17/s) fails every run of the version before.
 func stopped(ts []time.Time, from, to time.Time) bool {
 	rate, gap := goesOn(ts, from, to)
-	return rate < 0.7*pace || gap > 400*time.Millisecond
+	return rate < 0.85*pace || gap > 400*time.Millisecond
 }
 
 func flushAll(s *redistest.Server) error {

@@ -170,10 +170,14 @@ func (m *memory) idle(now time.Time, down func(string) bool) []goodbye {
 				h.claim = false
 			}
 			m.setClaimed(host, false)
-		case !now.Before(later(later(h.lastCall, h.demand).Add(h.dl), h.slots.Add(h.dl))):
+		case !now.Before(later(later(h.lastCall, h.demand), later(h.slots, h.own)).Add(h.dl)):
 			// Not called since its last call gave it time to, nor since
-			// the last slot it holds came: a request waiting for its slot
-			// still wants the host.
+			// the last slot it holds came, from Redis or in process: a
+			// request waiting for its slot still wants the host. (Not the
+			// slots in process once: in a lane after a restart, a process
+			// whose requests waited for them gave its claim back 100 ms
+			// after its last call, and waited out the lane holding no
+			// share, TestBucketOutlivesData's processes one by one.)
 			out = append(out, goodbye{host, h.deadline})
 		}
 		s.mu.Unlock()

@@ -461,9 +461,21 @@ func (l *Limiter) reservation(srv *server, a retryhttp.Attempt, res []int64, ela
 	if n := int(res[4]); n > 0 {
 		l.peers.Store(int64(n))
 	}
-	if l.mem.heard(a.Host, answer{at: at, lead: time.Duration(res[3]) * time.Microsecond,
+	ans := answer{at: at, lead: time.Duration(res[3]) * time.Microsecond,
 		n: int(res[4]), rank: int(res[5]), rate: float64(res[6]) / 1e6, burst: int(res[7]),
-		sub: l.sub.Load(), lane: res[0] == codeLane, claim: res[9], redisNow: res[11], share: int(res[12])}) {
+		sub: l.sub.Load(), lane: res[0] == codeLane, check: a.CheckOnly, claim: res[9], redisNow: res[11], share: int(res[12])}
+	if ans.lane {
+		// The lane ends d after Redis ran the call, which was no earlier
+		// than a.Now; a call sent a timeout before that runs in it, or is
+		// refused (see bounds).
+		ans.laneTo = a.Now.Add(d - l.timeout)
+		if e, now := res[10], res[11]; e > 0 && now >= e {
+			// When the server's data began, on the Transport's clock: no
+			// earlier than that, counted from the answer's arrival.
+			ans.began = at.Add(-time.Duration(now-e) * time.Microsecond)
+		}
+	}
+	if l.mem.heard(a.Host, ans) {
 		l.keepOn()
 	}
 	switch res[0] {

@@ -64,6 +64,10 @@ type memHost struct {
 	rtat, answerAt  time.Time
 	knownAt, laneAt time.Time
 	synced          bool
+	// laneTo is the moment until which a call to Redis for the host is
+	// sure to meet the lane the last answer told of (zero: none), as
+	// answer.laneTo.
+	laneTo time.Time
 	// peak is the longest lead of the bucket an answer told in the second
 	// to peakAt: the queue the others may have kept.
 	peak   time.Duration
@@ -344,6 +348,16 @@ type answer struct {
 	burst int
 	sub   int64 // the subscription's generation when it arrived
 	lane  bool  // processes are coming back from an outage (codeLane)
+	// laneTo, for a lane, is the latest moment a call may be sent and
+	// still meet it, on the Transport's clock.
+	laneTo time.Time
+	// began, for a lane, is when the server's data began (its epoch), on
+	// the Transport's clock; zero when not known (a Cluster).
+	began time.Time
+	// check: the answer to a check for a parking after a wait, which the
+	// script answers before it looks at the bucket, the claims or a lane
+	// (see reserveLua).
+	check bool
 	// claim is this process's claim's deadline, in µs of Redis's clock,
 	// whose now the answer told (redisNow): -1 when it holds none, -2
 	// when the call did not look. share is the claim's share, 1/share of
@@ -367,6 +381,16 @@ func (m *memory) heard(host string, a answer) bool {
 		}
 		h = s.get(host, a.at)
 	}
+	if a.check {
+		// A check knows nothing of a lane: taken for an answer out of one,
+		// it told the in-process pacer that the bucket was known just now,
+		// and the lane's next answer moved that pacer on by the others'
+		// queue as if Redis had lost it since (up to 0.6 s at 20/s), and
+		// ended the pacing in process (TestBucketOutlivesData lost a
+		// process's slots for 0.6-0.9 s so after a restart).
+		h.sub, h.lrate, h.lburst = a.sub, a.rate, a.burst
+		return false
+	}
 	// What this process knew of the bucket stands though Redis lost it
 	// (a flush, a restart): the slots it saw handed out are not handed
 	// out again. Only a cancel of its own moves it back (gaveBack).
@@ -376,6 +400,7 @@ func (m *memory) heard(host string, a answer) bool {
 		h.rtat = rt
 	}
 	h.answerAt, h.synced, h.sub = a.at, false, a.sub
+	h.laneTo = a.laneTo
 	switch {
 	case !a.lane:
 		h.knownAt, h.laneAt = a.at, time.Time{}
@@ -384,6 +409,18 @@ func (m *memory) heard(host string, a answer) bool {
 		}
 	case h.laneAt.IsZero():
 		h.laneAt = a.at
+		if a.began.After(h.knownAt) && a.began.Before(h.laneAt) {
+			// Redis lost its data (a restart, a flush) before its data
+			// began, after the last answer out of a lane, and has handed
+			// out no slot since but in lanes: the others' slots since
+			// knownAt were taken before then. A process whose requests
+			// all waited for slots Redis gave before the loss comes to
+			// the lane only once the first has come, up to the others'
+			// queue (0.6 s at 20/s) after the loss; moved on from that
+			// moment, its in-process bucket started as late again after
+			// the old one's end (TestBucketOutlivesData).
+			h.laneAt = a.began
+		}
 	}
 	if a.n > 0 && (!a.lane || a.n > h.n) {
 		// Coming back from an outage, a restarted Redis counts the
@@ -532,34 +569,6 @@ func (m *memory) prepare(host, prefix string, now time.Time, paced, wants bool) 
 		p.dl = min(p.dl, h.pend[0].Sub(now)+max(2*h.wgap, presenceFloor))
 	}
 	return p
-}
-
-// pending returns the end of the slots the in-process pacer handed out for
-// host, when it lies after now, and records the demand: a request
-// waiting for them wants the host, and its claim is not to be given back.
-func (m *memory) pending(host string, now time.Time) (time.Time, bool) {
-	if now.UnixNano() >= m.ownMax.Load() {
-		return time.Time{}, false
-	}
-	s := m.shard(host)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if h := s.hosts[host]; h != nil && h.own.After(now) {
-		h.demand = later(h.demand, now)
-		return h.own, true
-	}
-	return time.Time{}, false
-}
-
-// unanswered records a call for host that failed, but may still reach
-// Redis and renew this process's claim until the moment bound.
-func (m *memory) unanswered(host string, bound time.Time) {
-	s := m.shard(host)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if h := s.hosts[host]; h != nil && bound.After(h.lease) {
-		h.lease = bound
-	}
 }
 
 // gaveBack records that Redis took back a slot of host that this process

@@ -218,3 +218,37 @@ func (l *Limiter) seenEpoch(srv *server, e int64) {
 		l.putBack(srv)
 	}
 }
+
+// pending returns the end of the slots the in-process pacer handed out for
+// host, when it lies after now, and records the demand: a request
+// waiting for them wants the host, and its claim is not to be given back.
+// Not in a lane: Redis hands out no slot there, and answers each call
+// with one more in process at the share (codeLane), so a request that
+// waited for the process's slots to pass would leave the share unused
+// meanwhile, each process taking one bunch of slots at a time and losing
+// a place in the round between bunches (TestBucketOutlivesData: 10-16/s
+// after a restart, for the pace of 20).
+func (m *memory) pending(host string, now time.Time) (time.Time, bool) {
+	if now.UnixNano() >= m.ownMax.Load() {
+		return time.Time{}, false
+	}
+	s := m.shard(host)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h := s.hosts[host]; h != nil && h.own.After(now) && !now.Before(h.laneTo) {
+		h.demand = later(h.demand, now)
+		return h.own, true
+	}
+	return time.Time{}, false
+}
+
+// unanswered records a call for host that failed, but may still reach
+// Redis and renew this process's claim until the moment bound.
+func (m *memory) unanswered(host string, bound time.Time) {
+	s := m.shard(host)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h := s.hosts[host]; h != nil && bound.After(h.lease) {
+		h.lease = bound
+	}
+}
