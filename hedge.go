@@ -289,6 +289,10 @@ func (h *hedger) await() *hedgeAttempt {
 		<-h.wake
 		h.mu.Lock()
 	}
+	// Over from here, under the lock that saw nothing in flight: a hedge
+	// getting ready now is let go (fire checks over before it sends), not
+	// sent behind a verdict that counted the attempts without it.
+	h.over = true
 	if h.winner != nil {
 		return h.winner
 	}
