@@ -339,9 +339,15 @@ func (m *hostModel) answer(sig *Signal, now instant, ev *changes) {
 		if !sig.limits() {
 			m.tally(true)
 		}
-		if m.explained(sig, overlapped) {
+		switch {
+		case m.spentQuota(sig):
+			// The host said its quota is spent: the quota explains the
+			// refusal and holds the host to its reset; no rate of ours
+			// is learned beside it.
+			m.move(toOverload, now)
+		case m.explained(sig, overlapped):
 			m.overload(ev, sig, tracked, load, overlapped)
-		} else {
+		default:
 			m.fail(now)
 		}
 	case failed:
@@ -356,6 +362,12 @@ func (m *hostModel) answer(sig *Signal, now instant, ev *changes) {
 		m.fall(ev, now)
 	}
 	m.heal(now)
+}
+
+// spentQuota reports a refusal whose answer says the host's announced
+// quota is spent: none remain, and the quota says when they do again.
+func (m *hostModel) spentQuota(sig *Signal) bool {
+	return m.q.active() && !m.q.sliding && m.q.window > holdTime && sig.Limit > 0 && sig.Remaining == 0 && m.ctl.rate == 0 && m.ctl.limit == 0
 }
 
 // heal: Failing → Healthy, once nothing went wrong for forgetAfter. A

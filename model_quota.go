@@ -55,6 +55,7 @@ type quota struct {
 	spare   bool
 	beyond  bool // spare was seen under a pace that bound: the announced rate is a floor, not a cap
 	deep    bool // an answer said more remain than the limit
+	whole   bool // a fixed window whole again: its quota goes at once, whatever parked the host before
 	// shown is the window the host's own count shows, when no header
 	// names one (see countWindow); zero: none shown.
 	shown   int32   // in seconds
@@ -199,6 +200,7 @@ func (q *quota) roll(now instant) {
 	}
 	q.remaining, q.taken, q.since, q.rolled = q.limit, 0, 0, true
 	q.probing = !q.fixed && !q.sliding && q.limit > 1 && q.perSecond() > 0
+	q.whole = q.fixed
 	switch {
 	case q.window <= 0:
 		q.resetAt = 0
@@ -363,6 +365,9 @@ func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 			q.sliding, q.counts = true, true
 			q.syncAt, q.syncLeft = now, max(left-m.inflight, 0)
 		}
+		if q.probing && !q.sliding {
+			q.whole = true // told fixed: the rest of the window goes at once
+		}
 		q.fixed = !q.sliding
 		q.probing = false
 	}
@@ -423,6 +428,20 @@ func (m *hostModel) syncQuota(st *hostState, pace Pace, now time.Time) {
 		// new one is charged below with what it says remains, no more.
 		q.renewed = false
 		if at := m.at(now); st.tat.After(at) {
+			st.tat = at
+		}
+	}
+	if q.whole {
+		// A fixed window whole again grants its limit at once (what
+		// remains is held by quotaWait): neither the pace's schedule of
+		// the window before nor the parking that waited for its reset
+		// holds its burst back.
+		q.whole = false
+		at := m.at(now)
+		if !st.until.After(at) {
+			st.until = 0
+		}
+		if st.tat.After(at) {
 			st.tat = at
 		}
 	}
