@@ -20,12 +20,17 @@ type control struct {
 	busyAt    instant // when a request last waited for the pace or a slot
 
 	// A cut of a burst sent before the host had a record.
-	notBefore  instant // the pace's first slot after that cut
-	guess      int32   // what the host took at once in that burst: a limit in flight to try
-	acked      int32   // accepted answers since the limit last grew
-	burstCut   bool    // the last cut was of such a burst
-	tried      bool    // the guess was tried
-	cutBound   bool    // the pace bound since the cut
+	notBefore instant // the pace's first slot after that cut
+	guess     int32   // what the host took at once in that burst: a limit in flight to try
+	acked     int32   // accepted answers since the limit last grew
+	burstCut  bool    // the last cut was of such a burst
+	tried     bool    // the guess was tried
+	cutBound  bool    // the pace bound since the cut
+	// parkedFor is the longest wait over a hold that a refusal of this
+	// overload named, in whole seconds: a probe refused costs every
+	// caller that wait (a count that names its window), so the pace stays
+	// just below ceil probeCost times as long before it probes.
+	parkedFor  uint8
 	before     float64 // the rate to return to when a limit in flight is refuted, and its ceil
 	beforeCeil float64
 
@@ -162,6 +167,15 @@ func (m *hostModel) overload(ev *changes, sig *Signal, tracked bool, load int, o
 			return
 		}
 		accepted = max(accepted, 1/sig.Wait.Seconds())
+		if sig.Wait > holdTime && !m.q.active() {
+			c.parkedFor = max(c.parkedFor, uint8(min(math.Ceil(sig.Wait.Seconds()), math.MaxUint8)))
+		}
+		if m.fresh(now) && sig.Wait > holdTime && !m.q.active() {
+			// A burst, then a wait longer than a refill's rounding
+			// (httprate names its whole window): what the host granted
+			// lasts it that wait, and is its rate.
+			accepted = max(accepted/sig.Wait.Seconds(), 1/sig.Wait.Seconds())
+		}
 	}
 	if m.state != HostOverloaded && m.state != HostRecovering {
 		if sig.Wait <= 0 && !m.q.active() && m.noise(now, sent) {
@@ -424,6 +438,17 @@ func (m *hostModel) bindWindow() time.Duration {
 	return holdTime
 }
 
+// nearWait is how long a pace stays just below ceil before it probes past
+// it: 2 holds, doubled for each probe refused in a row.
+func (c *control) nearWait() time.Duration {
+	return max(2*holdTime, probeCost*time.Duration(c.parkedFor)*time.Second)
+}
+
+// probeCost is how many times the wait a refusal named the pace stays just
+// below ceil before it probes past it: a probe refused then costs a
+// quarter of the time it waited at most.
+const probeCost = 4
+
 // cutVerdict is what the answers to attempts sent since a cut say of it.
 type cutVerdict uint8
 
@@ -555,7 +580,7 @@ func (m *hostModel) grow(ev *changes, now instant) {
 		if next >= near {
 			c.nearAt = now
 		}
-	case !c.nearAt.IsZero() && now.Sub(c.nearAt) < 2*holdTime:
+	case !c.nearAt.IsZero() && now.Sub(c.nearAt) < c.nearWait():
 		return
 	default:
 		next = c.rate * (1 + c.step)

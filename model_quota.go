@@ -55,7 +55,7 @@ type quota struct {
 	spare   bool
 	beyond  bool // spare was seen under a pace that bound: the announced rate is a floor, not a cap
 	deep    bool // an answer said more remain than the limit
-	whole   bool // a fixed window whole again: its quota goes at once, whatever parked the host before
+	whole   bool // a fixed window over a hold whole again: its quota goes at once, whatever parked the host before
 	// shown is the window the host's own count shows, when no header
 	// names one (see countWindow); zero: none shown.
 	shown   int32   // in seconds
@@ -200,7 +200,7 @@ func (q *quota) roll(now instant) {
 	}
 	q.remaining, q.taken, q.since, q.rolled = q.limit, 0, 0, true
 	q.probing = !q.fixed && !q.sliding && q.limit > 1 && q.perSecond() > 0
-	q.whole = q.fixed
+	q.whole = q.fixed && q.window > holdTime
 	switch {
 	case q.window <= 0:
 		q.resetAt = 0
@@ -348,6 +348,14 @@ func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 		switch {
 		case q.resetAt.IsZero() || !now.Before(q.resetAt):
 			q.resetAt = resetAt
+		case q.probing && q.window > 2*resetSlack && absDuration(resetAt.Sub(now.Add(-sig.Latency).Add(q.window))) <= resetSlack:
+			// The first answer after a reset names a reset a window after
+			// its own send: the window starts at the first request after
+			// the last one ended (ulule's, most INCR-and-EXPIRE
+			// counters), not on a schedule of its own. It moved because
+			// nothing was sent at the reset, not because it slides.
+			q.restarts = true
+			q.resetAt = resetAt
 		case absDuration(resetAt.Sub(q.resetAt)) > time.Second:
 			q.sliding, q.counts = true, false // the moment moved within the window: a bucket
 			q.resetAt = resetAt
@@ -365,7 +373,7 @@ func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 			q.sliding, q.counts = true, true
 			q.syncAt, q.syncLeft = now, max(left-m.inflight, 0)
 		}
-		if q.probing && !q.sliding {
+		if q.probing && !q.sliding && q.window > holdTime {
 			q.whole = true // told fixed: the rest of the window goes at once
 		}
 		q.fixed = !q.sliding

@@ -137,7 +137,7 @@ func TestQuota(t *testing.T) {
 	// the first burst of 30 is refused (all 150, at most 170, by 17 s).
 	// The first reset costs one round trip: until an answer says the
 	// window is whole again (fixed), it grants one, then its average rate.
-	check(t, "retryhttp, defaults", QuotaRetryhttp(), want{170, 20, 150, "15.0 s"}, secs)
+	check(t, "retryhttp, defaults", QuotaRetryhttp(), want{170, 20, 150, "15.2 s"}, secs)
 }
 
 func TestRising(t *testing.T) {
