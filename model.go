@@ -159,9 +159,7 @@ type hostModel struct {
 	lastLoad    instant // last refusal that load explained
 	gen         uint32  // tells this record's tickets from an earlier one's
 	state       HostState
-	held        bool  // it served an attempt of ours while it refused others
-	says429     bool  // it refused saying it limits the rate (a 429): its bare 503s are not its limit's
-	aboveOK     uint8 // refusals in a row sent with more in flight than any accepted lately
+	says429     bool // it refused saying it limits the rate (a 429): its bare 503s are not its limit's
 
 	// What went out and came back.
 	inflight     int32  // attempts with a ticket, sent and not answered
@@ -169,32 +167,19 @@ type hostModel struct {
 	sent         sliding
 	accepts      sliding // answers not refused, with or without a ticket
 	refusals     sliding
-	okLoad       twoSeconds // the most in flight at the send of an accepted attempt
-	answered     instant    // when the last answer came, and when it was sent
+	answered     instant // when the last answer came, and when it was sent
 	answeredSent instant
-	exShare      float32    // the share it refused after cuts that did not lower it
-	ghosts       float32    // attempts sent before the record, still on their way, at most (while fresh)
-	latencies    *latencies // a paced host's, allocated at its first: a failing host keeps none
-	gaps         spacing    // when the attempts sent alone were refused (model_spacing.go)
+	exShare      float32 // the share it refused after cuts that did not lower it
+	ghosts       float32 // attempts sent before the record, still on their way, at most (while fresh)
 
-	// The run of failures that may make the host down.
-	streak      int32
-	streakSeq   uint32 // the first ticket sent after the run began
-	streakFrom  instant
-	older       int32 // attempts sent before the run began, still in flight: they may yet succeed
-	tallied     int32 // answers in failShare, up to failMemory
-	knownBefore int32 // tallied before the run
-	reachable   bool  // some failure of the run had a connection
-	together    bool  // some failure of the run was of an attempt sent while another was on its way
-	lastFailure string
-	rateBefore  float32 // what the host accepted in the second before the run
-	ctlBefore   holding // how it was held before the run
-	failShare   float64 // the share of its answers that failed, over about failMemory
-	shareBefore float64 // failShare before the run
+	// The estimators (estimators.go), each fed every answer.
+	run   failures // the share of failures, and the run that may make the host down (model_down.go)
+	ctl   control  // how the host is held, and the check of a cut (model_pace.go)
+	loads loads    // what was in flight when it accepted and refused (model_pace.go)
+	gaps  spacing  // when the attempts sent alone were refused (model_spacing.go)
+	q     *quota   // once the host announced one (model_quota.go)
 
-	ctl  control
 	down *outage // while it is Down
-	q    *quota  // once the host announced one
 
 	// The requests waiting for a slot in flight, in the order they came,
 	// and those a slot is kept for (queue.go).
@@ -244,43 +229,49 @@ func (m *hostModel) release(t uint64) (tracked bool, load int) {
 		return false, 0
 	}
 	m.inflight = max(m.inflight-1, 0)
-	if m.streak > 0 && seq < m.streakSeq {
-		m.older = max(m.older-1, 0)
-	}
+	m.run.released(seq)
 	return true, load
 }
 
 // answer takes in what an attempt got, at now (sig.Now as an instant of
-// the record, which its caller has made already), and makes the transition
-// it calls for. It is the model's one entry for answers.
+// the record, which its caller has made already), tells every estimator
+// of it, and makes the transition it calls for. It is the model's one
+// entry for answers.
 func (m *hostModel) answer(sig *Signal, now instant, ev *changes) {
 	tracked, load := m.release(sig.Ticket)
 	defer m.wake(now) // a slot freed, or a limit changed: the waiters first
 	if !tracked && !sig.Canceled && (sig.Status != 0 || sig.Failed) {
 		m.ghosts = max(m.ghosts-1, 0)
 	}
-	if sig.Limit > 0 {
-		m.learnQuota(ev, sig)
-	}
 	o := sig.outcome()
-	if o == saysNothing {
-		return
+	if o != saysNothing {
+		switch {
+		case sig.limits():
+			m.says429 = true
+		case o == refused && m.says429 && sig.Status == http.StatusServiceUnavailable:
+			// A host whose limit says so (a 429) does not limit with a
+			// bare 503 too: that one is its application's, a broken
+			// replica's behind the limiter, and says nothing of the rate.
+			// (A 529 is Anthropic's overload, beside its 429s: still a
+			// refusal.)
+			o = served
+		}
 	}
-	switch {
-	case sig.limits():
-		m.says429 = true
-	case o == refused && m.says429 && sig.Status == http.StatusServiceUnavailable:
-		// A host whose limit says so (a 429) does not limit with a bare
-		// 503 too: that one is its application's, a broken replica's
-		// behind the limiter, and says nothing of the rate. (A 529 is
-		// Anthropic's overload, beside its 429s: still a refusal.)
-		o = served
-	}
-	m.seen = now
 	// Sent while another was on its way: before the last answer came, or
 	// with the attempt that brought it.
 	sentAt := now.Add(-sig.Latency)
-	overlapped := load > 1 || (!tracked && (sentAt.Before(m.answered) || sentAt.Equal(m.answeredSent)))
+	s := sample{sig: sig, ev: ev, at: now, sent: sentAt, out: o, load: load, tracked: tracked,
+		overlap: load > 1 || (!tracked && (sentAt.Before(m.answered) || sentAt.Equal(m.answeredSent))),
+		limits:  sig.limits(), down: m.state == HostDown, fresh: m.fresh(now), state: m.state,
+		inflight: m.inflight, nextSeq: m.seq + 1, rate: m.ctl.rate, bound: now.Sub(m.ctl.busyAt) < holdTime,
+		since: m.since}
+	if sig.Limit > 0 {
+		m.learnQuota(&s)
+	}
+	if o == saysNothing {
+		return
+	}
+	m.seen = now
 	m.answered, m.answeredSent = now, sentAt
 	switch o {
 	case refused:
@@ -288,80 +279,52 @@ func (m *hostModel) answer(sig *Signal, now instant, ev *changes) {
 	case accepted, served:
 		m.accepts.add(now)
 	}
-	if o == refused || o == accepted {
-		m.gaps.answered(sentAt, o == refused, !overlapped)
+	if m.run.streak == 0 && !s.limits && (o == refused || o == failed) {
+		// A run of failures begins: it remembers what the host took and
+		// how it was held before it.
+		s.accepted, s.sentAll, s.held = m.accepts.lastSecond(now), sig.Sent, m.ctl.holding()
 	}
-	if tracked && (o == refused || o == accepted) {
-		m.countAboveOK(load, o == refused, now)
+	m.observe(&s)
+	m.transition(&s)
+	if m.state != HostDown && m.falls(now) {
+		m.fall(ev, now)
 	}
-	if c := &m.ctl; !c.cutAt.IsZero() && sentAt.After(c.cutAt) && !sig.limits() && o != failed {
-		c.cutAnswers++
-		if o == refused {
-			c.cutRefused++
-		}
-	}
-	if tracked && sig.Latency > 0 && o == accepted && (m.state == HostOverloaded || m.state == HostRecovering) {
-		// Only a paced host's are read (adjust: is what it took at once
-		// a limit in flight?): a failing one keeps none.
-		if m.latencies == nil {
-			m.latencies = new(latencies)
-		}
-		m.latencies.add(sig.Latency)
-	}
-	switch o {
+	m.heal(now)
+}
+
+// transition makes the change of state an answer calls for, its
+// estimators told of it.
+func (m *hostModel) transition(s *sample) {
+	now, sig, ev := s.at, s.sig, s.ev
+	switch s.out {
 	case accepted, served:
-		if tracked && o == accepted {
-			m.okLoad.add(now, load)
-			m.ctl.acked1(now)
-		}
-		if !tracked && o == accepted && !sentAt.After(m.since) && now.After(m.since) {
-			// Sent before the host first refused, answered after: it
-			// held this one while it refused others.
-			m.held = true
-		}
-		m.streak = 0
-		m.tally(false)
 		if m.state == HostDown {
 			m.recover(ev, now)
 		}
-		if o == served {
+		if s.out == served {
 			m.lastTrouble = now
 			m.fail(now)
 		}
 	case refused:
 		m.lastTrouble = now
-		if !sig.limits() {
-			m.failure(sig, overlapped) // a host that says it limits the rate is up
-		}
-		if m.state == HostDown {
-			break
-		}
-		if !sig.limits() {
-			m.tally(true)
-		}
 		switch {
+		case m.state == HostDown:
 		case m.spentQuota(sig):
 			// The host said its quota is spent: the quota explains the
 			// refusal and holds the host to its reset; no rate of ours
 			// is learned beside it.
 			m.move(toOverload, now)
-		case m.explained(sig, overlapped):
-			m.overload(ev, sig, tracked, load, overlapped)
+		case m.explained(sig, s.overlap):
+			m.overload(ev, sig, s.tracked, s.load, s.overlap)
 		default:
 			m.fail(now)
 		}
 	case failed:
 		m.lastTrouble = now
-		m.failure(sig, overlapped)
 		if m.state != HostDown {
-			m.tally(true)
 			m.fail(now)
 		}
 	}
-	if m.state != HostDown && m.falls(now) {
-		m.fall(ev, now)
-	}
-	m.heal(now)
 }
 
 // spentQuota reports a refusal whose answer says the host's announced

@@ -21,31 +21,78 @@ func (m *hostModel) admitDown(host string, now instant) Reservation {
 		return Reservation{OK: true, Report: true, Ticket: m.send(now)}
 	}
 	d.turnedAway.add(now)
-	return Reservation{Down: &HostDownError{Host: host, Since: m.time(m.streakFrom), Last: m.lastFailure, Retry: m.time(d.next)}}
+	return Reservation{Down: &HostDownError{Host: host, Since: m.time(m.run.streakFrom), Last: m.run.lastFailure, Retry: m.time(d.next)}}
+}
+
+// failures is the estimator of what fails: the share of the host's answers
+// that failed, over about failMemory of them, and the run of failures in a
+// row that may make it down, with what the host took and how it was held
+// before the run.
+type failures struct {
+	streak      int32
+	streakSeq   uint32 // the first ticket sent after the run began
+	streakFrom  instant
+	older       int32 // attempts sent before the run began, still in flight: they may yet succeed
+	tallied     int32 // answers in failShare, up to failMemory
+	knownBefore int32 // tallied before the run
+	reachable   bool  // some failure of the run had a connection
+	together    bool  // some failure of the run was of an attempt sent while another was on its way
+	lastFailure string
+	rateBefore  float32 // what the host accepted in the second before the run
+	ctlBefore   holding // how it was held before the run
+	failShare   float64 // the share of its answers that failed, over about failMemory
+	shareBefore float64 // failShare before the run
+}
+
+// observe: an answer that got through ends the run; one that did not,
+// but for a refusal by which the host says it limits the rate (it is up),
+// adds to it. Each counts in the share but while the host is down.
+func (f *failures) observe(s *sample) {
+	switch s.out {
+	case accepted, served:
+		f.streak = 0
+		f.tally(false)
+	case refused, failed:
+		if s.limits {
+			return
+		}
+		f.failure(s)
+		if !s.down {
+			f.tally(true)
+		}
+	}
+}
+
+// released takes an answered attempt of ticket seq out of those sent
+// before the run that may still get through.
+func (f *failures) released(seq uint32) {
+	if f.streak > 0 && seq < f.streakSeq {
+		f.older = max(f.older-1, 0)
+	}
 }
 
 // failure adds an answer that got nothing through to the run that may make
 // the host down.
-func (m *hostModel) failure(sig *Signal, overlapped bool) {
-	if m.streak == 0 {
-		m.streakFrom, m.streakSeq, m.reachable, m.together = m.at(sig.Now), m.seq+1, false, false
+func (f *failures) failure(s *sample) {
+	if f.streak == 0 {
+		f.streakFrom, f.streakSeq, f.reachable, f.together = s.at, s.nextSeq, false, false
 		// Attempts sent before this one, still in flight, may yet get
 		// through: the host is not down while they may.
-		m.older = m.inflight
+		f.older = s.inflight
 		// What the host took before the run, to be paced at when it comes
 		// back; for a record just made, the process's rate bounds it.
-		m.rateBefore = float32(m.accepts.lastSecond(m.at(sig.Now)))
-		if m.fresh(m.at(sig.Now)) {
-			m.rateBefore = max(m.rateBefore, float32(sig.Sent))
+		f.rateBefore = float32(s.accepted)
+		if s.fresh {
+			f.rateBefore = max(f.rateBefore, float32(s.sentAll))
 		}
 		// What the run does to the pace is not what the host took: the
 		// run may be an outage's first seconds, taken for overload.
-		m.shareBefore, m.knownBefore, m.ctlBefore = m.failShare, m.tallied, m.ctl.holding()
+		f.shareBefore, f.knownBefore, f.ctlBefore = f.failShare, f.tallied, s.held
 	}
-	m.streak++
-	m.reachable = m.reachable || !sig.Unreachable
-	m.together = m.together || overlapped
-	m.lastFailure = sig.describe()
+	f.streak++
+	f.reachable = f.reachable || !s.sig.Unreachable
+	f.together = f.together || s.overlap
+	f.lastFailure = s.sig.describe()
 }
 
 // falls reports whether the run of failures makes the host down: nothing
@@ -54,15 +101,16 @@ func (m *hostModel) failure(sig *Signal, overlapped bool) {
 // all, or over downAfter; downRun when each was sent after the last was
 // answered.
 func (m *hostModel) falls(now instant) bool {
-	if m.streak < downFailures {
+	f := &m.run
+	if f.streak < downFailures {
 		return false // shorter than any run needed (runNeeded's logarithm is not worked out on every answer)
 	}
-	need := m.runNeeded()
-	if int(m.streak) < need || m.older > 0 || m.ghostsAwaited(now) {
+	need := f.runNeeded()
+	if int(f.streak) < need || f.older > 0 || m.ghostsAwaited(now) {
 		return false
 	}
-	span := now.Sub(m.streakFrom)
-	return !m.reachable || span >= downAfter || (int(m.streak) >= max(downRun, need) && !m.together && span > 0)
+	span := now.Sub(f.streakFrom)
+	return !f.reachable || span >= downAfter || (int(f.streak) >= max(downRun, need) && !f.together && span > 0)
 }
 
 // ghostsAwaited reports whether attempts sent before the record was made
@@ -79,9 +127,9 @@ func (m *hostModel) ghostsAwaited(now instant) bool {
 
 // runNeeded is the shortest run of failures that makes the host down: a
 // run its share of failures before the run makes unlikely.
-func (m *hostModel) runNeeded() int {
-	f := m.shareBefore
-	if m.knownBefore < downFailures && m.reachable {
+func (r *failures) runNeeded() int {
+	f := r.shareBefore
+	if r.knownBefore < downFailures && r.reachable {
 		// Too few answers before the run to know its share: failures that
 		// had a connection may be a flaky host's first. Connections refused
 		// from the first are a dead address.
@@ -97,7 +145,7 @@ func (m *hostModel) runNeeded() int {
 }
 
 // tally adds an answer to the share of answers that failed.
-func (m *hostModel) tally(failed bool) {
+func (f *failures) tally(failed bool) {
 	x := 0.0
 	if failed {
 		x = 1
@@ -105,18 +153,18 @@ func (m *hostModel) tally(failed bool) {
 	// The mean of the answers so far, until there are failMemory of them:
 	// a share that starts at 0 would read a host failing from its first
 	// answers as one that fails little.
-	m.tallied = min(m.tallied+1, failMemory)
-	m.failShare += (x - m.failShare) / float64(m.tallied)
+	f.tallied = min(f.tallied+1, failMemory)
+	f.failShare += (x - f.failShare) / float64(f.tallied)
 }
 
 // fall: any → Down. The host is handed back at once but for its probes,
 // one every probeEvery; requests waiting for a slot in flight learn of it.
 func (m *hostModel) fall(ev *changes, now instant) {
-	m.down = &outage{next: now.Add(probeEvery), oldRate: float64(m.rateBefore), oldCtl: m.ctlBefore}
-	m.failShare = m.shareBefore // what the host failed before it was down
+	m.down = &outage{next: now.Add(probeEvery), oldRate: float64(m.run.rateBefore), oldCtl: m.run.ctlBefore}
+	m.run.failShare = m.run.shareBefore // what the host failed before it was down
 	m.move(toFall, now)
 	m.wake(now)
-	ev.add(change{kind: evDown, since: m.time(m.streakFrom), last: m.lastFailure})
+	ev.add(change{kind: evDown, since: m.time(m.run.streakFrom), last: m.run.lastFailure})
 }
 
 // recover: Down → Recovering, at the rate the host took before, or what
@@ -129,7 +177,7 @@ func (m *hostModel) recover(ev *changes, now instant) {
 	}
 	was := m.down.oldCtl
 	m.down = nil
-	m.streak = 0
+	m.run.streak = 0
 	m.ctl = control{step: probeStep}
 	if r == 0 && was.rate == 0 && was.limit == 0 {
 		// Nothing is known of what it takes: it never served, nor was

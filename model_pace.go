@@ -36,8 +36,8 @@ type control struct {
 
 	// The check of a cut (checkCut).
 	cutAt      instant
-	cutBefore  [2]float64 // the answers before the cut, and the refusals among them
-	lowered    [2]float64 // the answers since a cut that lowered the share refused, and the refusals
+	cutBefore  [2]float32 // the answers before the cut, and the refusals among them
+	lowered    [2]float32 // the answers since a cut that lowered the share refused, and the refusals
 	cutAnswers float32    // answers to attempts sent since the cut, and the refusals among them (whole counts: exact)
 	cutRefused float32
 	cutFrom    float64 // the pace before the cut; 0: none
@@ -52,6 +52,60 @@ type holding struct {
 
 func (c *control) holding() holding {
 	return holding{rate: float32(c.rate), ceil: float32(c.ceil), limit: c.limit}
+}
+
+// observe counts the answers to attempts sent since a cut (but refusals
+// by which the host says it limits the rate, which are its word, not a
+// share, and failures, which no pace explains), for its check (checkCut),
+// and grows a limit in flight with what it accepts (acked1).
+func (c *control) observe(s *sample) {
+	if !c.cutAt.IsZero() && s.sent.After(c.cutAt) && !s.limits && s.out != failed {
+		c.cutAnswers++
+		if s.out == refused {
+			c.cutRefused++
+		}
+	}
+	if s.tracked && s.out == accepted {
+		c.acked1(s.at)
+	}
+}
+
+// loads is the estimator of a limit on what the host serves at once: the
+// most of ours it accepted at once lately, the refusals in a row of
+// attempts sent with more in flight than that, a paced host's latencies
+// (what it took at once, over them, says whether a limit in flight is
+// worth trying), and whether it served one of ours while it refused
+// others.
+type loads struct {
+	okLoad    twoSeconds // the most in flight at the send of an accepted attempt
+	latencies *latencies // a paced host's, allocated at its first: a failing host keeps none
+	aboveOK   uint8      // refusals in a row sent with more in flight than any accepted lately
+	held      bool       // it served an attempt of ours while it refused others
+}
+
+func (l *loads) observe(s *sample) {
+	if s.tracked && (s.out == refused || s.out == accepted) {
+		l.countAboveOK(s.load, s.out == refused, s.at)
+	}
+	if s.out != accepted {
+		return
+	}
+	if s.tracked && s.sig.Latency > 0 && (s.state == HostOverloaded || s.state == HostRecovering) {
+		// Only a paced host's are read (adjust: is what it took at once
+		// a limit in flight?): a failing one keeps none.
+		if l.latencies == nil {
+			l.latencies = new(latencies)
+		}
+		l.latencies.add(s.sig.Latency)
+	}
+	if s.tracked {
+		l.okLoad.add(s.at, s.load)
+	}
+	if !s.tracked && !s.sent.After(s.since) && s.at.After(s.since) {
+		// Sent before the host first refused, answered after: it held
+		// this one while it refused others.
+		l.held = true
+	}
 }
 
 // acked1 grows a limit in flight below what the host took at once by one
@@ -77,7 +131,7 @@ func (m *hostModel) explained(sig *Signal, overlapped bool) bool {
 	if sig.limits() || m.state == HostOverloaded {
 		return true
 	}
-	if overlapped && m.exShare == 0 && m.aboveOK >= aboveOKRun {
+	if overlapped && m.exShare == 0 && m.loads.aboveOK >= aboveOKRun {
 		// Refused, aboveOKRun times in a row, what was sent with more
 		// in flight than the host accepted at once lately: a limit on
 		// what it serves at once, however small the share refused (one
@@ -124,13 +178,13 @@ func (m *hostModel) explained(sig *Signal, overlapped bool) bool {
 // refuses a share at random makes a run of aboveOKRun with the chance of
 // its share to that power (and its acceptances beyond the load end it);
 // one that limits what it serves at once, every time.
-func (m *hostModel) countAboveOK(load int, refused bool, now instant) {
-	most := int(m.okLoad.max(now))
+func (l *loads) countAboveOK(load int, refused bool, now instant) {
+	most := int(l.okLoad.max(now))
 	switch {
 	case refused && most >= 1 && load > most:
-		m.aboveOK = min(m.aboveOK+1, aboveOKRun)
+		l.aboveOK = min(l.aboveOK+1, aboveOKRun)
 	case refused || load > most:
-		m.aboveOK = 0
+		l.aboveOK = 0
 	}
 }
 
@@ -328,7 +382,7 @@ func (m *hostModel) cutRate(ev *changes, now instant, accepted, sent float64, bu
 		c.guess = int32(math.Round(accepted))
 		c.notBefore = now.Add(holdTime)
 	case !burst && c.guess == 0:
-		c.guess = m.okLoad.max(now) // the most it took at once lately
+		c.guess = m.loads.okLoad.max(now) // the most it took at once lately
 	}
 	c.step, c.holdUntil, c.grownAt, c.nearAt = probeStep, now.Add(holdTime), now, 0
 	if c.cutAt.IsZero() && !probed {
@@ -338,9 +392,9 @@ func (m *hostModel) cutRate(ev *changes, now instant, accepted, sent float64, bu
 		c.cutBefore = c.lowered
 		if c.cutBefore[0] == 0 {
 			r := m.refusals.lastSecond(now)
-			c.cutBefore = [2]float64{max(r+m.accepts.lastSecond(now), 1), r}
+			c.cutBefore = [2]float32{float32(max(r+m.accepts.lastSecond(now), 1)), float32(r)}
 		}
-		c.lowered = [2]float64{}
+		c.lowered = [2]float32{}
 	}
 	m.setRate(ev, max(target, 1/holdTime.Seconds()), now)
 }
@@ -398,8 +452,8 @@ func (m *hostModel) adjust(ev *changes, now instant) {
 		return
 	}
 	switch {
-	case binds && c.guess > 1 && !c.tried && m.held && !m.q.active() && c.rate > 0 && m.latencies.known() &&
-		float64(c.guess)/m.latencies.p95().Seconds() > c.rate:
+	case binds && c.guess > 1 && !c.tried && m.loads.held && !m.q.active() && c.rate > 0 && m.loads.latencies.known() &&
+		float64(c.guess)/m.loads.latencies.p95().Seconds() > c.rate:
 		// The burst's share may have been a limit on what the host
 		// serves at once (it refused while it served ours; a host that
 		// refuses with nothing of ours in hand limits something else):
@@ -484,12 +538,12 @@ func (m *hostModel) checkCut(ev *changes, now instant, binds bool, after time.Du
 	if n < 2*downFailures {
 		return m.undecided(now)
 	}
-	n0, r0 := c.cutBefore[0], c.cutBefore[1]
+	n0, r0 := float64(c.cutBefore[0]), float64(c.cutBefore[1])
 	p := (r0 + r) / (n0 + n)
 	se := math.Sqrt(p * (1 - p) * (1/n0 + 1/n))
 	switch d := r0/n0 - r/n; {
 	case d > 2*se:
-		c.cutAt, c.lowered = 0, [2]float64{n, r}
+		c.cutAt, c.lowered = 0, [2]float32{float32(n), float32(r)}
 		return byLoad
 	case -d > se:
 		// A cut does not raise a share refused at random: the share

@@ -3,6 +3,8 @@ package retryhttp
 import (
 	"math"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // quota is what a host announces it grants: limit per window, remaining
@@ -289,12 +291,34 @@ func (m *hostModel) quotaWait(now instant) (instant, bool) {
 	return 0, false
 }
 
-// learnQuota takes in what an answer announces.
-func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
+// learnQuota tells the host's quota of an answer that announces one, and
+// holds the learned rate to the quota's when the quota finds its window
+// tight.
+func (m *hostModel) learnQuota(s *sample) {
 	if m.q == nil {
 		m.q = new(quota)
 	}
-	q, now := m.q, m.at(sig.Now)
+	m.q.observe(s)
+	if s.capRate > 0 && m.ctl.rate > s.capRate {
+		m.setRate(s.ev, s.capRate, s.at)
+	}
+}
+
+// paceLimit is the pace a host whose learned rate is learned (0: none) and
+// whose quota is q is held to, as hostModel.pace says it: +Inf for none.
+func paceLimit(learned float64, q *quota) float64 {
+	switch {
+	case learned > 0:
+		return float64(newPace(rate.Limit(learned), 1).Limit)
+	case q.paceRate() > 0:
+		return float64(newPace(rate.Limit(q.paceRate()), 1).Limit)
+	}
+	return math.Inf(1)
+}
+
+// observe takes in what an answer announces.
+func (q *quota) observe(s *sample) {
+	sig, now, learned := s.sig, s.at, s.rate
 	limit, left := clamp32(sig.Limit), clamp32(sig.Remaining)
 	window := sig.Window
 	if window <= 0 {
@@ -316,23 +340,23 @@ func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 		// mean nothing to one of 30 a minute (syncQuota).
 		renewed := q.active()
 		*q = quota{renewed: renewed}
-		ev.add(change{kind: evQuota, n: int(limit), window: window})
+		s.ev.add(change{kind: evQuota, n: int(limit), window: window})
 		if left >= 0 {
 			// What was sent before the host said its quota is spent from
 			// the pace's burst too, once: a burst sent before any answer
 			// was not paced.
-			q.syncAt, q.syncLeft = now, max(left-m.inflight, 0)
+			q.syncAt, q.syncLeft = now, max(left-s.inflight, 0)
 		}
 	}
 	q.limit, q.window = limit, window
 	if sig.Refused && sig.Wait > 0 {
 		q.named = now.Add(sig.Wait)
 	}
-	if sig.Refused && !q.counts && !q.restarts && !q.tight && !m.fresh(now) {
-		if p := float64(m.pace().Limit); p >= cutShare*q.perSecond() && p <= q.perSecond()/cutShare {
+	if sig.Refused && !q.counts && !q.restarts && !q.tight && !s.fresh {
+		if p := paceLimit(learned, q); p >= cutShare*q.perSecond() && p <= q.perSecond()/cutShare {
 			q.tight = true
-			if m.ctl.rate > q.paceRate() {
-				m.setRate(ev, q.paceRate(), now)
+			if learned > q.paceRate() {
+				s.capRate, learned = q.paceRate(), q.paceRate()
 			}
 		}
 	}
@@ -371,7 +395,7 @@ func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 		// Not whole after its reset: it counts the window before.
 		if !q.sliding && left < q.limit-q.since {
 			q.sliding, q.counts = true, true
-			q.syncAt, q.syncLeft = now, max(left-m.inflight, 0)
+			q.syncAt, q.syncLeft = now, max(left-s.inflight, 0)
 		}
 		if q.probing && !q.sliding && q.window > holdTime {
 			q.whole = true // told fixed: the rest of the window goes at once
@@ -381,8 +405,8 @@ func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 	}
 	if left >= 0 {
 		if low := q.watchSpare(left, now); low >= 0 {
-			r := float32(m.pace().Limit)
-			if sig.Window <= 0 && q.sliding && !q.counts && r == q.lowRate && now.Sub(m.ctl.busyAt) < holdTime {
+			r := float32(paceLimit(learned, q))
+			if sig.Window <= 0 && q.sliding && !q.counts && r == q.lowRate && s.bound {
 				if w := q.countWindow(low, float64(r)); w > 0 && w < q.window && w >= q.window-time.Second {
 					q.shown, q.window = int32(w/time.Second), w
 				}
@@ -391,7 +415,7 @@ func (m *hostModel) learnQuota(ev *changes, sig *Signal) {
 		}
 		q.restarted(left, sig.Reset, now)
 		// What was in flight when the host counted is taken from it too.
-		q.remaining, q.taken, q.at = left-m.inflight, 0, now
+		q.remaining, q.taken, q.at = left-s.inflight, 0, now
 	}
 }
 

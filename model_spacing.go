@@ -63,6 +63,14 @@ func (g *gapStats) add(x float64) {
 	g.v = (1 - a) * (g.v + a*d*d)
 }
 
+// observe counts an answer that says whether the host took its attempt
+// (answered).
+func (sp *spacing) observe(s *sample) {
+	if s.out == refused || s.out == accepted {
+		sp.answered(s.sent, s.out == refused, !s.overlap)
+	}
+}
+
 // answered counts an answer: an accepted one's send is the next gaps'
 // start, and an attempt sent alone after one adds its gap.
 func (s *spacing) answered(sent instant, refused, alone bool) {
