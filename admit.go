@@ -106,11 +106,18 @@ func (t *Transport) admitAfter(ctx context.Context, host string, prev admission,
 			t.giveBack(ctx, host, adm) // parked meanwhile: a fresh slot behind the parking
 			now = t.clock.Now()
 		case res.Wait != nil:
-			if err := t.waitInFlight(ctx, host, now, res.Wait, deadline); err != nil {
+			got, err := t.waitInFlight(ctx, host, now, res.Wait, deadline, res.AskAgain)
+			if err != nil || !got {
 				if res.Cancel != nil {
 					res.Cancel(t.clock.Now())
 				}
-				return admission{at: now}, err
+				if err != nil {
+					return admission{at: now}, err
+				}
+				// The wait's bound came first: asked again as a new
+				// request, with nothing kept for it.
+				now = t.clock.Now()
+				continue
 			}
 			a.Waited = res.Wait
 			now = t.clock.Now()
@@ -201,11 +208,17 @@ func (t *Transport) giveBack(ctx context.Context, host string, adm admission) {
 
 // waitInFlight waits for a slot in flight to free, at most until the
 // deadline and for the Retry-After max: a limit in flight is a learned
-// wait, and no learned wait is longer.
-func (t *Transport) waitInFlight(ctx context.Context, host string, now time.Time, freed <-chan struct{}, deadline time.Time) error {
+// wait, and no learned wait is longer. A wait that comes with an AskAgain
+// moment ends then at the latest, reporting got false: the caller asks
+// again.
+func (t *Transport) waitInFlight(ctx context.Context, host string, now time.Time, freed <-chan struct{}, deadline, askAgain time.Time) (got bool, err error) {
 	d := t.raMax
 	if !deadline.IsZero() {
 		d = min(d, deadline.Sub(now))
+	}
+	bounded := !askAgain.IsZero() && askAgain.Sub(now) < d
+	if bounded {
+		d = max(askAgain.Sub(now), 0)
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -217,13 +230,16 @@ func (t *Transport) waitInFlight(ctx context.Context, host string, now time.Time
 		}
 	}()
 	if err := t.clock.Sleep(wctx, d); err != nil && ctx.Err() != nil {
-		return ctx.Err()
+		return false, ctx.Err()
 	}
 	select {
 	case <-freed:
-		return nil
+		return true, nil
 	default:
-		return &paceError{host: host, wait: d}
+		if bounded {
+			return false, nil
+		}
+		return false, &paceError{host: host, wait: d}
 	}
 }
 

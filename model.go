@@ -242,6 +242,12 @@ func (m *hostModel) answer(sig *Signal, now instant, ev *changes) {
 	defer m.wake(now) // a slot freed, or a limit changed: the waiters first
 	if !tracked && !sig.Canceled && (sig.Status != 0 || sig.Failed) {
 		m.ghosts = max(m.ghosts-1, 0)
+		if m.ghosts < 1 {
+			m.ctl.untold = false // what was sent before the record is all answered
+			if m.ctl.held && m.inflight == 0 {
+				m.letGoNow(now) // no answer left to wait for
+			}
+		}
 	}
 	o := sig.outcome()
 	if o != saysNothing {
@@ -298,6 +304,9 @@ func (m *hostModel) transition(s *sample) {
 	now, sig, ev := s.at, s.sig, s.ev
 	switch s.out {
 	case accepted, served:
+		if s.out == accepted && m.ctl.held {
+			m.tookSlot(ev, now, s.tracked)
+		}
 		if m.state == HostDown {
 			m.recover(ev, now)
 		}
@@ -307,6 +316,9 @@ func (m *hostModel) transition(s *sample) {
 		}
 	case refused:
 		m.lastTrouble = now
+		if !s.tracked && m.state != HostDown {
+			m.holdForAnswer(now)
+		}
 		switch {
 		case m.state == HostDown:
 		case m.spentQuota(sig):
@@ -377,7 +389,10 @@ func (m *hostModel) pace() Pace {
 
 // status says what the record knows, for Learn's caller.
 func (m *hostModel) status() HostStatus {
-	s := HostStatus{State: m.state, Since: m.time(m.since), Pace: m.pace(), InFlight: int(m.ctl.limit)}
+	s := HostStatus{State: m.state, Since: m.time(m.since), Pace: m.pace()}
+	if !m.ctl.held {
+		s.InFlight = int(m.ctl.limit) // a fresh record's hold for an answer is no limit of the host's
+	}
 	if m.state == HostDown {
 		s.Retry = m.time(m.down.next)
 	}

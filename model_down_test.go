@@ -169,3 +169,35 @@ func TestOneCallerOverSlotsNotFailing(t *testing.T) {
 		}
 	})
 }
+
+// TestRefusedAtOnceHeldForSlot: a host serving 7 requests at once for 0.9 s
+// each, refusing the rest at once with a bare 503, met by 13 callers: the
+// 6 refused at once were retried 0 to 0.5 s later, while the slots were
+// still busy, refused again, and lost on their third refusal (3 pages of
+// 242, inFlight:0 of the simulator). Held for an answer of those on their
+// way, the refused wait for a slot, and that hold, answered a service time
+// after the refusals, is the host's limit in flight: every page, in every
+// run.
+func TestRefusedAtOnceHeldForSlot(t *testing.T) {
+	for _, code := range []int{http.StatusServiceUnavailable, http.StatusTooManyRequests} {
+		t.Run(strconv.Itoa(code), func(t *testing.T) {
+			const (
+				pages   = 242
+				slots   = 7
+				service = 883 * time.Millisecond
+			)
+			d := simDraw{
+				mk: func() simHost {
+					return &simSlotsHost{n: slots, service: service, timeout: time.Hour, code: code, slots: make(chan struct{}, slots)}
+				},
+				pages: pages, workers: 13, ideal: (pages + slots - 1) / slots * service, slow: 1.3, need: pages, minGot: pages,
+			}
+			for seed := range uint64(4) {
+				r := runSim(t, d, seed, false)
+				if miss := simCheck(d, r); len(miss) > 0 {
+					t.Errorf("seed %d: %s (%s)", seed, strings.Join(miss, "; "), simFigures(d, r))
+				}
+			}
+		})
+	}
+}

@@ -26,6 +26,11 @@ type control struct {
 	burstCut  bool    // the last cut was of such a burst
 	tried     bool    // the guess was tried
 	cutBound  bool    // the pace bound since the cut
+	// held is set while the limit in flight is a fresh record's hold for
+	// an answer (holdForAnswer), and untold while it counts the attempts
+	// sent before the record, still on their way (from its hold, until
+	// they are all answered).
+	held, untold bool
 	// parkedFor is the longest wait over a hold that a refusal of this
 	// overload named, in whole seconds: a probe refused costs every
 	// caller that wait (a count that names its window), so the pace stays
@@ -41,6 +46,7 @@ type control struct {
 	cutAnswers float32    // answers to attempts sent since the cut, and the refusals among them (whole counts: exact)
 	cutRefused float32
 	cutFrom    float64 // the pace before the cut; 0: none
+	heldAt     instant // when the host was first held for an answer (holdForAnswer)
 }
 
 // holding is what a record keeps of a control while the host is down: what
@@ -120,6 +126,96 @@ func (c *control) acked1(now instant) {
 			c.nearAt = now
 		}
 	}
+}
+
+// holdForAnswer: a refusal that came back while attempts sent before the
+// record are still on their way, none of them answered yet, says the host
+// has no room for more now, whatever it limits (slots it is busy with, or
+// a burst it spent): the refused request is not sent again before one of
+// those answers. A limit in flight of what is on its way holds it, and
+// every request after it, first come first served (a host serving 7 slots
+// of 0.9 s refused 6 of 13 callers at once, and their retries, 0 to 0.5 s
+// later, were refused again while the slots were still busy: pages lost
+// on their third refusal, inFlight:0 of the simulator). It is a hold for
+// the record's first answers only: the first answer the host accepts ends
+// it (a bucket refills, and what it takes is for the rest of the model to
+// tell), unless it was sent with the refused ones and came well after
+// them (slotsGap): then the host refuses at once what it has no slot for,
+// and the hold is its limit in flight (tookSlot). Else it goes with the
+// record's first hold (letGo).
+func (m *hostModel) holdForAnswer(now instant) {
+	c := &m.ctl
+	if !m.fresh(now) || (c.limit > 0 && !c.held) || (c.rate > 0 && !c.held) || m.accepts.lastSecond(now) > 0 {
+		return
+	}
+	if m.ghosts < 1 {
+		// Nothing sent before the record is on its way: no answer to
+		// wait for (an outage refuses them all, at once).
+		if c.held {
+			m.letGoNow(now)
+		}
+		return
+	}
+	if !c.held {
+		c.heldAt = now
+	}
+	// What is on its way now: each refusal of the burst comes back and
+	// leaves the attempts the host is busy with.
+	c.limit, c.held, c.untold = max(int32(m.ghosts)+m.inflight, 1), true, true
+	if c.rate == 0 {
+		c.ceil = float64(c.limit) + 1 // not grown by its answers (acked1)
+		c.step = 1
+	}
+}
+
+// slotsGap is how long after the refusals that held the host an attempt
+// sent with them must be accepted for the hold to be a limit in flight:
+// slots busy for their service refuse what comes beyond them at once,
+// where a bucket, a window or a replica failing at random refuses in the
+// time it accepts, and the answers of one burst come back together, to
+// within a network's jitter, which is well under this.
+const slotsGap = 50 * time.Millisecond
+
+// tookSlot is the host's first accepted answer during a hold for an
+// answer: one sent before the record, accepted slotsGap or more after the
+// refusals, makes the hold the host's limit in flight; any other ends it.
+func (m *hostModel) tookSlot(ev *changes, now instant, tracked bool) {
+	c := &m.ctl
+	if tracked || now.Sub(c.heldAt) < slotsGap {
+		m.letGoNow(now)
+		return
+	}
+	c.held = false
+	m.move(toOverload, now)
+	ev.add(change{kind: evTryLimit, n: int(c.limit)})
+}
+
+// busy is what counts against a limit in flight: the attempts with a
+// ticket, and while the limit is a fresh record's hold, those sent before
+// the record still on their way.
+func (m *hostModel) busy() int32 {
+	if m.ctl.untold {
+		return m.inflight + int32(m.ghosts)
+	}
+	return m.inflight
+}
+
+// letGo ends a fresh record's hold for an answer once the record is a
+// hold old.
+func (m *hostModel) letGo(now instant) {
+	if m.ctl.held && !m.fresh(now) {
+		m.letGoNow(now)
+	}
+}
+
+// letGoNow ends a fresh record's hold for an answer.
+func (m *hostModel) letGoNow(now instant) {
+	c := &m.ctl
+	c.limit, c.held, c.untold = 0, false, false
+	if c.rate == 0 {
+		c.ceil = 0
+	}
+	m.wake(now) // those waiting for an answer ask again
 }
 
 // explained reports whether load explains a refusal (see the package
@@ -243,12 +339,17 @@ func (m *hostModel) overload(ev *changes, sig *Signal, tracked bool, load int, o
 			return
 		}
 		m.move(toOverload, now)
+		held := *c
 		*c = control{}
+		if held.held {
+			// A fresh record's hold for an answer stays its hold.
+			c.limit, c.held, c.untold, c.heldAt = held.limit, true, held.untold, held.heldAt
+		}
 	}
 	switch {
-	case c.limit > 0 && !tracked:
+	case c.limit > 0 && !c.held && !tracked:
 		return // a late answer of an attempt sent before the limit
-	case c.limit > 0 && load <= 1:
+	case c.limit > 0 && !c.held && load <= 1:
 		// Refused with nothing else in flight: no limit in flight
 		// explains that, a rate does.
 		c.limit, c.burstCut, c.ceil = 0, false, c.beforeCeil
@@ -259,7 +360,7 @@ func (m *hostModel) overload(ev *changes, sig *Signal, tracked bool, load int, o
 		}
 		m.cutRate(ev, now, accepted, sent, false, false)
 		return
-	case c.limit > 0:
+	case c.limit > 0 && !c.held:
 		// Refused with others in flight: one fewer at once. A limit one
 		// above the host's loses one attempt per slot too many, once.
 		c.limit = max(1, c.limit-1)
@@ -372,7 +473,10 @@ func (m *hostModel) cutRate(ev *changes, now instant, accepted, sent float64, bu
 	// above its rate, so the cut keeps the pace past it and the share it
 	// refuses looks unmoved (bucket503Bare:5 of the simulator).
 	probed := c.ceil > 0 && c.rate > c.ceil && c.limit == 0
-	c.ceil, c.burstCut, c.limit = accepted, burst, 0
+	c.ceil, c.burstCut = accepted, burst
+	if !c.held {
+		c.limit = 0 // a fresh record's hold for an answer stays its hold
+	}
 	switch {
 	case burst && overlapped:
 		// What the host took of a burst at once may be a limit on what it

@@ -295,7 +295,8 @@ func (s *shard) reserveModelled(l *localLimiter, st *hostState, m *hostModel, a 
 			return nil
 		}
 	}
-	if m.ctl.limit > 0 && (m.inflight >= m.ctl.limit || m.waiting()) {
+	m.letGo(now)
+	if m.ctl.limit > 0 && (m.busy() >= m.ctl.limit || m.waiting()) {
 		m.ctl.busyAt = now
 		w := m.enqueue()
 		*res = Reservation{Wait: w.ch, Cancel: func(t time.Time) {
@@ -303,6 +304,13 @@ func (s *shard) reserveModelled(l *localLimiter, st *hostState, m *hostModel, a 
 			defer s.mu.Unlock()
 			m.cancelWait(w, m.at(t))
 		}}
+		if m.ctl.held {
+			// A fresh record's hold for an answer is waited out until
+			// the record is a hold old at most: the answer it waits for
+			// may be another host's (untold counts what the whole
+			// process had on its way).
+			res.AskAgain = m.time(m.since.Add(holdTime))
+		}
 		return nil
 	}
 	pace := a.Pace.min(m.pace())
@@ -456,6 +464,9 @@ func (l *localLimiter) learn(host string, h uint32, st *hostState, sig *Signal, 
 		// sent in the last second is mostly answered already, by other
 		// hosts, in a busy process.
 		m.ghosts = float32(sig.InFlight)
+		if sig.Ticket == 0 && !sig.Canceled {
+			m.ghosts++ // the answer told now is one of them, and answer takes it out
+		}
 		st.model = m
 		l.learning.Add(1)
 		for n := sig.Now.Add(holdTime).Sub(l.epoch).Nanoseconds(); ; {

@@ -55,7 +55,7 @@ func (m *hostModel) wake(now instant) {
 		w := m.wq.queue[0]
 		if !w.gone {
 			if m.ctl.limit > 0 && m.state != HostDown {
-				if m.inflight >= m.ctl.limit {
+				if m.busy() >= m.ctl.limit {
 					return
 				}
 				w.ticket, w.at = m.send(now), now

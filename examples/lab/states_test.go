@@ -46,12 +46,12 @@ func TestRestart(t *testing.T) {
 	}
 
 	rh := RestartRetryhttp()
-	if got := len(rh.Arrivals); got != 1580 {
-		t.Errorf("retryhttp: %d requests reached the host, want 1580", got)
+	if got := len(rh.Arrivals); got != 1579 {
+		t.Errorf("retryhttp: %d requests reached the host, want 1579", got)
 	}
 	rh.Arrivals = nil
-	wantRH := Recovery{During: 86, Unsent: 939, AtOnce: 838, GaveUp: 67, Served: 1494, Next: 94, Busiest: 100,
-		BusyAt: 16 * time.Second, Longest: 1651204109, LongestUnsent: 1022449010} // 1.65 s, 1.022 s
+	wantRH := Recovery{During: 85, Unsent: 939, AtOnce: 838, GaveUp: 67, Served: 1494, Next: 94, Busiest: 100,
+		BusyAt: 16 * time.Second, Longest: 1643512817, LongestUnsent: 1013903130} // 1.64 s, 1.014 s
 	if !reflect.DeepEqual(rh, wantRH) {
 		t.Errorf("retryhttp: %+v\nwant       %+v", rh, wantRH)
 	}
@@ -76,8 +76,11 @@ func TestSlots(t *testing.T) {
 	check(t, "naive, at once", SlotsAtOnce(), want{24000, 23400, 600, "6.0 s"}, secs)
 
 	rh := SlotsRetryhttp()
-	check(t, "retryhttp, defaults", rh, want{620, 20, 600, "8.3 s"}, secs)
-	if want := []int{3, 4, 5, 6, 7, 8, 9, 10}; !slices.Equal(rh.Seen.Limits, want) ||
+	check(t, "retryhttp, defaults", rh, want{620, 20, 600, "6.0 s"}, secs)
+	// The refusals came back at once while the slots were busy: the
+	// callers were held for a slot, and that hold was the host's limit
+	// once the slots answered (before, 3 at first, grown one at a time).
+	if want := []int{10}; !slices.Equal(rh.Seen.Limits, want) ||
 		!slices.Equal(rh.Seen.States, []retryhttp.HostState{retryhttp.HostOverloaded}) {
 		t.Errorf("retryhttp held the host %+v, want overloaded, limits %v in flight", rh.Seen, want)
 	}
