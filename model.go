@@ -12,7 +12,9 @@ import (
 // it elsewhere). The Transport reads each answer (observe, in observe.go)
 // and tells the Limiter what it got (Learn); the Limiter holds
 // what follows until the next answer: a pace, a limit on what is in flight,
-// a host handed back at once.
+// a host handed back at once. Each answer is made into a sample and told
+// to the model's estimators (estimators.go), which keep what they need of
+// it and decide nothing; the transitions below read them.
 //
 // A host is in one of five states:
 //
@@ -67,7 +69,11 @@ import (
 // whatever the load, only refusals beyond that share are load. A
 // host that announces its quota (X-RateLimit-*,
 // RateLimit-*) says what it accepts: it is held to what it says remains,
-// until its reset (see quota).
+// until its reset (see quota). Whatever explains it, a refusal that comes
+// back while what was sent before the record is still on its way holds
+// the refused for one of those answers (holdForAnswer): the first
+// accepted answer ends the hold, or, sent with the refused and come well
+// after them, makes it the host's limit in flight.
 
 // The model's constants, each with its reason.
 const (

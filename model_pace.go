@@ -597,7 +597,8 @@ func (m *hostModel) bindWindow() time.Duration {
 }
 
 // nearWait is how long a pace stays just below ceil before it probes past
-// it: 2 holds, doubled for each probe refused in a row.
+// it: 2 holds, or probeCost times the longest wait over a hold a refusal
+// of the host named.
 func (c *control) nearWait() time.Duration {
 	return max(2*holdTime, probeCost*time.Duration(c.parkedFor)*time.Second)
 }
