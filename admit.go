@@ -101,6 +101,11 @@ func (t *Transport) admitAfter(ctx context.Context, host string, prev admission,
 			}
 			if !at.IsZero() {
 				adm.at = at
+				if !adm.report && t.local != nil {
+					// The slot was taken before the host had a record;
+					// it may have one now, which must hear the answer.
+					adm.ticket, adm.report, adm.entry = t.local.ticketAfterWait(host, h, at)
+				}
 				return adm, nil
 			}
 			t.giveBack(ctx, host, adm) // parked meanwhile: a fresh slot behind the parking

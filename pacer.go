@@ -257,6 +257,33 @@ func (l *localLimiter) reserve(a *Attempt, h uint32, hint *hostState, res *Reser
 	return s.reserveModelled(l, st, m, a, now, res)
 }
 
+// ticketAfterWait gives an attempt that waited for a slot taken before its
+// host had a record, and is let go at now, a ticket of the record the host
+// has got meanwhile, if it has one and is not down: the record hears its
+// answer (a success ends a run of failures). Without one, a configured
+// pace's requests, their slots taken seconds ahead, were answered unheard
+// by the record a failure made, and its run of failures, broken by their
+// successes, went on: a round robin with one member of three answering 502
+// was taken for down, and 30 workers behind WithPace had 150 of 200 pages
+// handed back with ErrHostDown (TestConfiguredPaceRoundRobinNotDown).
+func (l *localLimiter) ticketAfterWait(host string, h uint32, now time.Time) (uint64, bool, *hostState) {
+	if l.learning.Load() == 0 || !l.mayHold(h) {
+		return 0, false, nil
+	}
+	s := &l.shards[shardOf(h)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.hosts[host]
+	if st == nil {
+		return 0, false, nil
+	}
+	m := l.modelAt(st, l.at(now))
+	if m == nil || m.state == HostDown {
+		return 0, false, nil
+	}
+	return m.send(l.at(now)), true, st
+}
+
 // reserveModelled is reserve for a host with a model, at now. The caller
 // holds the shard's lock.
 func (s *shard) reserveModelled(l *localLimiter, st *hostState, m *hostModel, a *Attempt, now instant, res *Reservation) *hostState {
