@@ -3,6 +3,7 @@ package retryhttp
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -199,5 +200,33 @@ func TestRefusedAtOnceHeldForSlot(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBucketBurstBeforeFlakyReplicaNotDown: a bucket of 20 a second with a
+// burst of 20, bare 503 when empty, in front of a replica failing 10 % at
+// random (500, 502 or 503), met by 30 callers: its burst's refusals, all
+// sent before any came back, counted as 20 failures in a row, and when the
+// replica failed the first attempt or two after them the host was taken
+// for down: 350 of 400 pages handed back with ErrHostDown in about one
+// draw in twenty. A burst's answers are one chance the host had, not one
+// each (failures.chances).
+func TestBucketBurstBeforeFlakyReplicaNotDown(t *testing.T) {
+	for seed := range uint64(40) {
+		d := simDraw{pages: 400, workers: 30, ideal: 20 * time.Second, slow: 2, need: 400, minGot: 380}
+		d.mk = func() simHost {
+			return &simBucketHost{simBucketCfg: simBucketCfg{rate1: 20, burst: 20, code: http.StatusServiceUnavailable, lat: 20 * time.Millisecond,
+				behind: &simFlaky{rnd: rand.New(rand.NewPCG(seed, 1)), p: 0.1}}}
+		}
+		r := runSim(t, d, seed, false)
+		down := 0
+		for _, p := range r.pages {
+			if p.err == "down" {
+				down++
+			}
+		}
+		if down > 0 {
+			t.Errorf("replica seed %d: %d of %d pages handed back as down (%s)", seed, down, d.pages, simFigures(d, r))
+		}
 	}
 }
