@@ -94,7 +94,7 @@ func (f *failures) failure(s *sample) {
 		// run may be an outage's first seconds, taken for overload.
 		f.shareBefore, f.knownBefore, f.ctlBefore = f.failShare, f.tallied, s.held
 	}
-	if (f.streak == 0 || !s.sent.Before(f.streakFrom)) && f.chances < math.MaxInt16 {
+	if (f.streak == 0 || s.sent.After(f.streakFrom)) && f.chances < math.MaxInt16 {
 		f.chances++
 	}
 	f.streak++
