@@ -328,7 +328,7 @@ func (m *hostModel) overload(ev *changes, sig *Signal, tracked bool, load int, o
 		}
 	}
 	if m.state != HostOverloaded && m.state != HostRecovering {
-		if sig.Wait <= 0 && !m.q.active() && m.noise(now, sent) {
+		if sig.Wait <= 0 && !m.q.active() && (m.noise(now, sent) || m.lone(now)) {
 			// One refusal among many accepted, naming no wait, from a
 			// host that announces nothing, says it was full for a moment,
 			// not what it takes: a rate is cut at the second refusal
@@ -449,6 +449,14 @@ func (m *hostModel) beyondChance(now instant) bool {
 	r := m.refusals.lastSecond(now)
 	n, f := r+m.accepts.lastSecond(now), float64(m.exShare)
 	return r > f*n+2*math.Sqrt(n*f*(1-f))+1
+}
+
+// lone reports the one refusal of the last second, with nothing accepted
+// in it: no rate can be read from it, and a limit our traffic hits sends
+// a second at once (a host taking 500 a second whose first answer was a
+// 429 was paced at 1 a second, and served 7 in its first 5 s).
+func (m *hostModel) lone(now instant) bool {
+	return m.refusals.lastSecond(now) < 2 && m.accepts.lastSecond(now) < 1
 }
 
 // noise reports refusals too few to say the pace is too fast: one in a
