@@ -171,6 +171,20 @@ func (t *Transport) learn(ctx context.Context, host string, adm *admission, sig 
 	return st.State, err
 }
 
+// stateOf asks the limiter for host's state at now, telling it nothing of
+// the host: the in-process one directly, with the hash and entry adm holds.
+func (t *Transport) stateOf(ctx context.Context, host string, adm *admission, now time.Time) (HostState, error) {
+	if t.local != nil {
+		h := adm.hash
+		if h == 0 {
+			h = hostHash(host)
+		}
+		return t.local.stateOf(host, h, adm.entry, now), nil
+	}
+	st, err := t.limiter.Learn(ctx, host, Signal{Now: now, Reset: -1, Remaining: -1})
+	return st.State, err
+}
+
 // waitSlot sleeps until a slot taken ahead, then waits out a parking set
 // meanwhile. It returns when the attempt may start, or the zero time when a
 // parking came first (the slot is then of no use: the caller takes a new
@@ -272,6 +286,9 @@ func (t *Transport) admitted(now time.Time) bool {
 
 // paceFor returns the pace configured for host: its own, else the default.
 func (t *Transport) paceFor(host string) Pace {
+	if len(t.hostPace) == 0 {
+		return t.pace // no lookup: most Transports pace no host of their own
+	}
 	if p, ok := t.hostPace[host]; ok {
 		return p
 	}

@@ -400,7 +400,10 @@ func (c *call) retry(a *answer, v verdict) (next *http.Request, reason Reason, e
 	// The body first, which may wait for the base to let go of the last
 	// one: admission must be the last thing before the send, so that a
 	// parking set during any wait holds the retry.
-	woke := t.clock.Now()
+	var woke time.Time // read only for a body to wait for: what it adds to the wait
+	if c.replay != nil {
+		woke = t.clock.Now()
+	}
 	if next, reason = c.rewind(a.n); reason != "" {
 		refund()
 		if cerr := c.ctx.Err(); cerr != nil { // ended the wait for the base to let go of the body
@@ -444,7 +447,7 @@ func (c *call) spend(now time.Time, refusal bool) bool {
 	if refusal && !t.noLearning {
 		// The host's state, asked with the attempt's hash and entry:
 		// the retry goes to the host the refused attempt went to.
-		st, err := t.learn(c.ctx, c.hostName(), &c.adm, &Signal{Now: now, Reset: -1, Remaining: -1})
+		st, err := t.stateOf(c.ctx, c.hostName(), &c.adm, now)
 		if err == nil && (st == HostOverloaded || st == HostRecovering) {
 			return true
 		}
