@@ -36,7 +36,7 @@ func (t *Transport) unheld(c *call) bool {
 	if t.free == nil || (t.latencies != nil && !t.mono) || c.attemptTimeout != 0 || (t.budget == nil && t.noLearning) {
 		return false
 	}
-	c.hash = hostHash(c.hostName())
+	c.hash = c.hostHash()
 	return !t.free.mayHold(c.hash)
 }
 
