@@ -53,13 +53,18 @@ type admission struct {
 // now is the caller's reading of the clock: the success path reads it once
 // per request, which matters where reading it costs 100 ns.
 func (t *Transport) admit(ctx context.Context, host string, now time.Time) (admission, error) {
-	return t.admitAfter(ctx, host, admission{}, now)
+	return t.admitAfter(ctx, host, admission{}, now, false)
 }
 
 // admitAfter is admit for a request whose attempt before was admitted as
 // prev (zero for a first try, but for the host's hash when the caller made
 // one already): the limiter is given the hash, and the entry prev holds.
-func (t *Transport) admitAfter(ctx context.Context, host string, prev admission, now time.Time) (admission, error) {
+// unasked says the caller did not ask admitted first (the host held an
+// entry when it last looked: the limiter's reserve reads whether all is
+// quiet first, as admitted does, so it is asked at once, with one reading
+// of the limiter instead of two); admitted's sweep is then run here for a
+// host found without an entry, which reserve is not asked of.
+func (t *Transport) admitAfter(ctx context.Context, host string, prev admission, now time.Time, unasked bool) (admission, error) {
 	h := prev.hash
 	if h == 0 {
 		h = hostHash(host)
@@ -67,6 +72,9 @@ func (t *Transport) admitAfter(ctx context.Context, host string, prev admission,
 	if t.free != nil && !t.free.mayHold(h) {
 		// No pace configured, and the host has no entry: neither parked
 		// nor modelled, whatever other hosts hold.
+		if unasked {
+			t.free.tick(now)
+		}
 		return admission{at: now, hash: h}, nil
 	}
 	deadline, _ := ctx.Deadline()
@@ -176,6 +184,20 @@ func (t *Transport) learn(ctx context.Context, host string, adm *admission, sig 
 	return st.State, err
 }
 
+// stateOf asks the limiter for host's state at now, telling it nothing of
+// the host: the in-process one directly, with the hash and entry adm holds.
+func (t *Transport) stateOf(ctx context.Context, host string, adm *admission, now time.Time) (HostState, error) {
+	if t.local != nil {
+		h := adm.hash
+		if h == 0 {
+			h = hostHash(host)
+		}
+		return t.local.stateOf(host, h, adm.entry, now), nil
+	}
+	st, err := t.limiter.Learn(ctx, host, Signal{Now: now, Reset: -1, Remaining: -1})
+	return st.State, err
+}
+
 // waitSlot sleeps until a slot taken ahead, then waits out a parking set
 // meanwhile. It returns when the attempt may start, or the zero time when a
 // parking came first (the slot is then of no use: the caller takes a new
@@ -277,6 +299,9 @@ func (t *Transport) admitted(now time.Time) bool {
 
 // paceFor returns the pace configured for host: its own, else the default.
 func (t *Transport) paceFor(host string) Pace {
+	if len(t.hostPace) == 0 {
+		return t.pace // no lookup: most Transports pace no host of their own
+	}
 	if p, ok := t.hostPace[host]; ok {
 		return p
 	}

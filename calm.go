@@ -36,7 +36,7 @@ func (t *Transport) unheld(c *call) bool {
 	if t.free == nil || (t.latencies != nil && !t.mono) || c.attemptTimeout != 0 || (t.budget == nil && t.noLearning) {
 		return false
 	}
-	c.hash = hostHash(c.hostName())
+	c.hash = c.hostHash()
 	return !t.free.mayHold(c.hash)
 }
 
@@ -69,10 +69,16 @@ func (t *Transport) calmSent(now time.Time) time.Time {
 // the real clock, from the monotonic clock alone (time.Since, about half
 // the cost of a time.Now), as sent plus the time since; the wall reading
 // is sent's, moved on by as much. Inside a synctest bubble, and on any
-// other Clock, it is the clock's reading.
-func (t *Transport) answeredAt(sent time.Time) time.Time {
+// other Clock, it is the clock's reading. It returns the latency too,
+// now.Sub(sent), which the time since is: no second subtraction.
+func (t *Transport) answeredAt(sent time.Time) (now time.Time, latency time.Duration) {
 	if t.mono && !sent.IsZero() {
-		return sent.Add(time.Since(sent))
+		latency = time.Since(sent)
+		return sent.Add(latency), latency
 	}
-	return t.clock.Now()
+	now = t.clock.Now()
+	if !sent.IsZero() {
+		latency = now.Sub(sent) // else the caller's, once it has dated the attempt
+	}
+	return now, latency
 }

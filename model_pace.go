@@ -288,9 +288,10 @@ func (l *loads) countAboveOK(load int, refused bool, now instant) {
 // for it, or, until it has been counted a second, what the process sent to
 // every host, of which it got at most all.
 func (m *hostModel) sentLastSecond(sig *Signal) float64 {
-	sent := m.sent.lastSecond(m.at(sig.Now))
-	if m.fresh(m.at(sig.Now)) {
-		sent = max(sent, sig.Sent, m.accepts.lastSecond(m.at(sig.Now))+m.refusals.lastSecond(m.at(sig.Now)))
+	now := m.at(sig.Now) // once: a time.Time's subtraction costs as much as the counts
+	sent := m.sent.lastSecond(now)
+	if m.fresh(now) {
+		sent = max(sent, sig.Sent, m.accepts.lastSecond(now)+m.refusals.lastSecond(now))
 	}
 	return sent
 }

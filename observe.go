@@ -34,7 +34,7 @@ func (c *call) observe(a *answer) bool {
 			return false
 		}
 	}
-	now := t.answeredAt(a.adm.at)
+	now, latency := t.answeredAt(a.adm.at)
 	a.now = now
 	if a.adm.at.IsZero() {
 		// Sent while the Transport was calm, or its host unheld, undated
@@ -48,8 +48,9 @@ func (c *call) observe(a *answer) bool {
 				c.start = now
 			}
 		}
+		latency = now.Sub(a.adm.at)
 	}
-	sig := Signal{Now: now, Ticket: a.adm.ticket, Latency: now.Sub(a.adm.at), Status: code, Reset: -1, Remaining: -1}
+	sig := Signal{Now: now, Ticket: a.adm.ticket, Latency: latency, Status: code, Reset: -1, Remaining: -1}
 	if resp == nil {
 		sig.Err, sig.Failed = a.err, true
 		sig.Canceled = c.ctx.Err() != nil // the caller's doing, not the host's
@@ -132,6 +133,13 @@ func (c *call) sentBeforeRecord(sent time.Time) bool {
 func (c *call) readWaits(a *answer, h http.Header, quota bool, sig *Signal) {
 	t, resp, now := c.t, a.resp, a.now
 	code := resp.StatusCode
+	if !quota && code < 400 {
+		// What the reading below makes of a success that announces no
+		// quota, without its lookups: no wait, no refusal, no quota.
+		a.wait, a.named = 0, false
+		sig.Limit, sig.Window, sig.Reset, sig.Remaining = 0, 0, 0, 0
+		return
+	}
 	var q announcement
 	// A quota of some of the host's endpoints (GitHub's search, graphql,
 	// ... beside core, under the same header names) says nothing of the

@@ -251,7 +251,7 @@ func (l *localLimiter) reserve(a *Attempt, h uint32, hint *hostState, res *Reser
 	}
 	m := l.modelAt(st, now)
 	if m == nil {
-		*res = s.reserve(l, st, a, a.Pace, 0)
+		s.reserve(l, st, a, a.Pace, 0, res)
 		return nil
 	}
 	return s.reserveModelled(l, st, m, a, now, res)
@@ -303,7 +303,7 @@ func (s *shard) reserveModelled(l *localLimiter, st *hostState, m *hostModel, a 
 	if a.Waited != nil {
 		if t := m.collect(a.Waited); t != 0 {
 			// The slot kept for it; the configured pace still applies.
-			*res = s.reserve(l, st, a, a.Pace, 0)
+			s.reserve(l, st, a, a.Pace, 0, res)
 			if !res.OK {
 				m.release(t)
 				m.wake(now)
@@ -349,7 +349,7 @@ func (s *shard) reserveModelled(l *localLimiter, st *hostState, m *hostModel, a 
 		}
 	}
 	m.syncQuota(st, pace, a.Now)
-	*res = s.reserve(l, st, a, pace, horizonFor(pace, a.Pace))
+	s.reserve(l, st, a, pace, horizonFor(pace, a.Pace), res)
 	if res.Delay > 0 && pace != a.Pace {
 		m.ctl.busyAt = now // a request waits for the learned pace: it binds
 	}
@@ -370,11 +370,13 @@ func horizonFor(pace, configured Pace) time.Duration {
 	return horizon
 }
 
-// reserve takes the host's next slot at pace, as Reserve answers it.
-// The caller holds the shard's lock.
-func (s *shard) reserve(l *localLimiter, st *hostState, a *Attempt, pace Pace, horizon time.Duration) Reservation {
+// reserve takes the host's next slot at pace, as Reserve answers it, into
+// res (written in place: a Reservation is a dozen words to copy). The
+// caller holds the shard's lock.
+func (s *shard) reserve(l *localLimiter, st *hostState, a *Attempt, pace Pace, horizon time.Duration, res *Reservation) {
 	if pace.Unlimited() {
-		return Reservation{OK: true}
+		*res = Reservation{OK: true}
+		return
 	}
 	var latest instant
 	if !a.Latest.IsZero() {
@@ -383,11 +385,13 @@ func (s *shard) reserve(l *localLimiter, st *hostState, a *Attempt, pace Pace, h
 	delay, ok := st.take(l.at(a.Now), pace, latest, horizon)
 	if !ok {
 		if horizon > 0 && delay > horizon && (a.Latest.IsZero() || !a.Now.Add(delay).After(a.Latest)) {
-			return Reservation{AskAgain: a.Now.Add(delay - horizon)}
+			*res = Reservation{AskAgain: a.Now.Add(delay - horizon)}
+			return
 		}
-		return Reservation{Delay: delay}
+		*res = Reservation{Delay: delay}
+		return
 	}
-	res := Reservation{OK: true, Delay: delay}
+	*res = Reservation{OK: true, Delay: delay}
 	if delay > 0 {
 		interval, after := pace.interval(), st.tat
 		res.Cancel = func(now time.Time) {
@@ -396,7 +400,6 @@ func (s *shard) reserve(l *localLimiter, st *hostState, a *Attempt, pace Pace, h
 			st.giveBack(l.at(now), interval, after)
 		}
 	}
-	return res
 }
 
 // model returns the host's model, forgetting an expired one; nil when the
@@ -512,6 +515,32 @@ func (l *localLimiter) learn(host string, h uint32, st *hostState, sig *Signal, 
 	if hs != nil {
 		*hs = m.status()
 	}
+	return m.state
+}
+
+// stateOf is learn of a Signal that names its moment alone (a question,
+// which says nothing of the host): what a Transport asks before a retry
+// spends its budget. The model's answer to such a Signal wakes the waiters
+// and changes nothing else, so the model is asked that, with no Signal
+// made or read; the rest is learn's.
+func (l *localLimiter) stateOf(host string, h uint32, st *hostState, now time.Time) HostState {
+	d := now.Sub(l.epoch)
+	l.tickAt(now, d.Nanoseconds())
+	s := &l.shards[shardOf(h)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st == nil || st.dropped {
+		st = s.hosts[host]
+	}
+	if st == nil {
+		return HostHealthy // a question makes no record
+	}
+	at := atSince(now, d)
+	m := l.modelAt(st, at)
+	if m == nil {
+		return HostHealthy
+	}
+	m.wake(at)
 	return m.state
 }
 

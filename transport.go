@@ -189,6 +189,18 @@ func (c *call) hostName() string {
 	return c.host
 }
 
+// hostHash is the hash of the call's host (hostHash), made with its name:
+// in one pass over a bare name, which is its own key.
+func (c *call) hostHash() uint32 {
+	if c.host == "" && c.req.URL != nil {
+		if h, ok := bareHash(c.req.URL.Host); ok {
+			c.host = c.req.URL.Host
+			return h
+		}
+	}
+	return hostHash(c.hostName())
+}
+
 // run is the attempt loop. After each try, in this order: observe the
 // answer (park the host, tell the limiter what it says of the host's
 // capacity), decide (no side effects), and then either hand the answer back
@@ -211,9 +223,11 @@ func (c *call) run() (*http.Response, error) {
 	} else {
 		now := t.clock.Now()
 		c.start, c.adm.at = now, now
-		if !t.admitted(now) {
+		// A host found holding an entry (c.hash made: unheld) is the
+		// limiter's to admit at once (admitAfter's unasked).
+		if unasked := c.hash != 0; unasked || !t.admitted(now) {
 			var err error
-			if c.adm, err = t.admitAfter(c.ctx, c.hostName(), admission{hash: c.hash}, now); err != nil {
+			if c.adm, err = t.admitAfter(c.ctx, c.hostName(), admission{hash: c.hash}, now, unasked); err != nil {
 				closeBody(c.req)
 				return nil, err
 			}
@@ -400,7 +414,10 @@ func (c *call) retry(a *answer, v verdict) (next *http.Request, reason Reason, e
 	// The body first, which may wait for the base to let go of the last
 	// one: admission must be the last thing before the send, so that a
 	// parking set during any wait holds the retry.
-	woke := t.clock.Now()
+	var woke time.Time // read only for a body to wait for: what it adds to the wait
+	if c.replay != nil {
+		woke = t.clock.Now()
+	}
 	if next, reason = c.rewind(a.n); reason != "" {
 		refund()
 		if cerr := c.ctx.Err(); cerr != nil { // ended the wait for the base to let go of the body
@@ -416,8 +433,10 @@ func (c *call) retry(a *answer, v verdict) (next *http.Request, reason Reason, e
 	}
 	prev := c.adm
 	c.adm = admission{at: now}
-	if !t.admitted(now) {
-		if c.adm, err = t.admitAfter(c.ctx, c.hostName(), prev, now); err != nil {
+	// The attempt before was the limiter's to admit (prev.hash made): so
+	// is this one, at once (admitAfter's unasked).
+	if unasked := prev.hash != 0; unasked || !t.admitted(now) {
+		if c.adm, err = t.admitAfter(c.ctx, c.hostName(), prev, now, unasked); err != nil {
 			closeBody(next) // made ready, never sent
 			if c.ctx.Err() != nil {
 				held.discard()
@@ -444,7 +463,7 @@ func (c *call) spend(now time.Time, refusal bool) bool {
 	if refusal && !t.noLearning {
 		// The host's state, asked with the attempt's hash and entry:
 		// the retry goes to the host the refused attempt went to.
-		st, err := t.learn(c.ctx, c.hostName(), &c.adm, &Signal{Now: now, Reset: -1, Remaining: -1})
+		st, err := t.stateOf(c.ctx, c.hostName(), &c.adm, now)
 		if err == nil && (st == HostOverloaded || st == HostRecovering) {
 			return true
 		}
