@@ -137,7 +137,7 @@ func (t *Transport) admitAfter(ctx context.Context, host string, prev admission,
 		case !res.AskAgain.IsZero():
 			// A learned pace, or a spent quota, is waited out only as far
 			// as a parking would be.
-			if !res.AskAgain.After(now) {
+			if res.AskAgain.Sub(now) < askAgainMin {
 				if stuck++; stuck > maxAskAgain {
 					return admission{at: now}, fmt.Errorf("retryhttp: the limiter asked %d times in a row to ask again at once for %s", stuck, host)
 				}
@@ -271,9 +271,14 @@ func (t *Transport) waitInFlight(ctx context.Context, host string, now time.Time
 }
 
 // maxAskAgain bounds the AskAgain answers in a row that name no later
-// moment: a Limiter that keeps asking to ask again at once is failing, and
-// the request is not spun on it.
+// moment, or one less than askAgainMin later: a Limiter that keeps asking
+// to ask again at once is failing, and the request is not spun on it.
 const maxAskAgain = 100
+
+// askAgainMin is the least step an AskAgain answer must take the request
+// forward not to count as asking again at once: a millisecond, a hundred
+// times more than any spin of the admission loop costs.
+const askAgainMin = time.Millisecond
 
 // parkedUntil asks the limiter whether host is parked, taking no slot.
 func (t *Transport) parkedUntil(ctx context.Context, host string, now time.Time) (time.Time, error) {

@@ -254,9 +254,12 @@ func (q *quota) nextToken(now instant) instant {
 		}
 		return at
 	}
-	if q.probing {
+	if q.probing && q.taken < q.remaining {
 		// The next grant at the average rate from the reset, unless the
-		// window's kind is told before it.
+		// window's kind is told before it. (With all that remains taken,
+		// probing grants no more: the next is at the reset; before, a
+		// window that restarts asked to be asked again a microsecond
+		// later, all the way to it: the fuzzer's 4b67ca2686d29ac8.)
 		wait := time.Duration(float64(q.taken) / q.perSecond() * float64(time.Second))
 		if at := q.at.Add(q.slack() + wait); at.After(now) {
 			return at
@@ -378,8 +381,7 @@ func (q *quota) observe(s *sample) {
 			// the last one ended (ulule's, most INCR-and-EXPIRE
 			// counters), not on a schedule of its own. It moved because
 			// nothing was sent at the reset, not because it slides.
-			q.restarts = true
-			q.resetAt = resetAt
+			q.restarts, q.resetAt = true, resetAt
 		case absDuration(resetAt.Sub(q.resetAt)) > time.Second:
 			q.sliding, q.counts = true, false // the moment moved within the window: a bucket
 			q.resetAt = resetAt
