@@ -13,7 +13,7 @@ package retryhttp
 //	          (model_pace.go)
 //	loads     what was in flight when the host accepted and when it
 //	          refused, and how long it took: whether it limits what it
-//	          serves at once (model_pace.go)
+//	          serves at once (model_slots.go)
 //	spacing   the gaps of attempts sent alone, accepted and refused: a rate
 //	          that one caller alone hits (model_spacing.go)
 //	quota     what the host announces it grants, and the kind of window it

@@ -181,7 +181,7 @@ type hostModel struct {
 	// The estimators (estimators.go), each fed every answer.
 	run   failures // the share of failures, and the run that may make the host down (model_down.go)
 	ctl   control  // how the host is held, and the check of a cut (model_pace.go)
-	loads loads    // what was in flight when it accepted and refused (model_pace.go)
+	loads loads    // what was in flight when it accepted and refused (model_slots.go)
 	gaps  spacing  // when the attempts sent alone were refused (model_spacing.go)
 	q     *quota   // once the host announced one (model_quota.go)
 
