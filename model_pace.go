@@ -576,15 +576,6 @@ func (m *hostModel) grow(ev *changes, now instant) {
 		}
 		return
 	}
-	if c.cutFrom != 0 {
-		// A pace grown since the cut tells nothing of it. The first cut
-		// of a host paced at nothing before is checked still: it decides
-		// whether load explains the refusals at all. Cleared by the
-		// growth, one refusing every other request sent alone (taken for
-		// a rate by its gaps) was grown, cut again, never checked, and
-		// paced for minutes.
-		c.cutAt = 0
-	}
 	if m.state == HostRecovering && c.ceil == 0 {
 		m.setRate(ev, 2*c.rate, now) // nothing refused since it came back
 		return
@@ -613,6 +604,17 @@ func (m *hostModel) grow(ev *changes, now instant) {
 		if r := m.q.paceRate(); r > 0 {
 			next = min(next, r)
 		}
+	}
+	if c.cutFrom != 0 && next > c.cutFrom {
+		// A pace grown past the one before the cut tells nothing of it;
+		// one still below it is still the cut's, and the check of the
+		// answers sent under it stands (cleared at any growth, the cuts
+		// of a bucket before a replica failing at random with the same
+		// bare 503 were never checked: each grew a hold later, and the
+		// replica's refusals cut the pace to 1/s for minutes). The first
+		// cut of a host paced at nothing before is checked still: it
+		// decides whether load explains the refusals at all.
+		c.cutAt = 0
 	}
 	m.setRate(ev, next, now)
 }
