@@ -26,6 +26,7 @@ type control struct {
 	burstCut  bool    // the last cut was of such a burst
 	tried     bool    // the guess was tried
 	cutBound  bool    // the pace bound since the cut
+	slow      bool    // nothing is known of the rate since a burst refused: the pace doubles each hold (slow start)
 	// held is set while the limit in flight is a fresh record's hold for
 	// an answer (holdForAnswer), and untold while it counts the attempts
 	// sent before the record, still on their way (from its hold, until
@@ -239,6 +240,7 @@ func (m *hostModel) overload(ev *changes, sig *Signal, tracked bool, load int, o
 			}
 			m.setRate(ev, max(cutShare*accepted, 1/holdTime.Seconds()), now)
 		}
+		m.spacedBurst(sig, accepted, now)
 		return
 	case m.phaseRefusal(sig, sent):
 		m.lastLoad = lastLoad
@@ -266,6 +268,20 @@ func (m *hostModel) overload(ev *changes, sig *Signal, tracked bool, load int, o
 	m.cutRate(ev, now, accepted, sent, m.fresh(now), overlapped)
 	if sig.limits() {
 		c.cutAt = 0 // the host said it limits the rate: nothing to check
+	}
+	m.spacedBurst(sig, accepted, now)
+}
+
+// spacedBurst: of a burst sent at once, the host took one or two and
+// refused the rest (nginx's limit_req without a burst): it spaces what it
+// takes, and what it took says nothing of how close; the pace doubles each
+// hold while nothing is refused (slow start, grow), where from a ceil of
+// one or two it crept up for seconds (10/s took 18 s for 100 pages).
+func (m *hostModel) spacedBurst(sig *Signal, accepted float64, now instant) {
+	c := &m.ctl
+	if m.fresh(now) && c.burstCut && accepted <= 2 && m.refusals.lastSecond(now) >= downFailures && !m.q.active() &&
+		(c.limit == 0 || c.held) && sig.Wait <= holdTime {
+		c.ceil, c.slow = 0, true
 	}
 }
 
@@ -337,7 +353,7 @@ func (m *hostModel) cutRate(ev *changes, now instant, accepted, sent float64, bu
 	// above its rate, so the cut keeps the pace past it and the share it
 	// refuses looks unmoved (bucket503Bare:5 of the simulator).
 	probed := c.ceil > 0 && c.rate > c.ceil && c.limit == 0
-	c.ceil, c.burstCut = accepted, burst
+	c.ceil, c.burstCut, c.slow = accepted, burst, false
 	if !c.held {
 		c.limit = 0 // a fresh record's hold for an answer stays its hold
 	}
@@ -576,8 +592,8 @@ func (m *hostModel) grow(ev *changes, now instant) {
 		}
 		return
 	}
-	if m.state == HostRecovering && c.ceil == 0 {
-		m.setRate(ev, 2*c.rate, now) // nothing refused since it came back
+	if (m.state == HostRecovering || c.slow) && c.ceil == 0 {
+		m.setRate(ev, 2*c.rate, now) // nothing refused since it came back, or since the burst
 		return
 	}
 	near := nearShare * c.ceil
