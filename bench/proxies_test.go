@@ -47,11 +47,11 @@ const (
 // every run.
 var proxyKnownMisses = map[string]string{
 	"nginx limit_req 10r/s 503 w1/retryhttp":                        "every page, 1.08-1.11 a page, 2.0-2.3 x in 2 runs (78-90 pages, 2.3-2.5 a page, 3.0 x before one worker's 503s were read by their gaps, spacing): paced, but from the rate its own backoffs let through (2.8/s), grown back to 8.4-9.8/s over 15 s",
-	"nginx limit_req 10r/s 503 w10/retryhttp": "every page, 1.15 a page, 1.45 x on 2026-12-06 (1.8-2.1 x before): the burst of which nginx took one is paced by slow start (1, 2, 4, 8/s a second apart), then near 9/s, and a probe past the rate is refused",
-	"nginx limit_req 10r/s 503 w30/retryhttp": "every page, 1.35-1.37 a page, 1.46 x on 2026-12-06 (1.9-2.3 x before): slow start from the burst, as with 10 workers; the opening burst of 30 is refused",
+	"nginx limit_req 10r/s 503 w10/retryhttp":                       "every page, 1.15 a page, 1.45 x on 2026-12-06 (1.8-2.1 x before): the burst of which nginx took one is paced by slow start (1, 2, 4, 8/s a second apart), then near 9/s, and a probe past the rate is refused",
+	"nginx limit_req 10r/s 503 w30/retryhttp":                       "every page, 1.35-1.37 a page, 1.46 x on 2026-12-06 (1.9-2.3 x before): slow start from the burst, as with 10 workers; the opening burst of 30 is refused",
 	"nginx limit_req 10r/s 429 w1/retryhttp":                        "every page, 1.04 a page, 1.8-2.1 x: paced at 7.0-7.8/s, under the 10/s",
-	"nginx limit_req 10r/s 429 w10/retryhttp": "every page, 1.13-1.16 a page, 1.42 x on 2026-12-06 (1.9-2.3 x before): slow start from the burst, as with the 503",
-	"nginx limit_req 10r/s 429 w30/retryhttp": "every page, 1.23-1.38 a page, 1.41 x on 2026-12-06 (1.8-2.0 x before): slow start from the burst, as with 10 workers",
+	"nginx limit_req 10r/s 429 w10/retryhttp":                       "every page, 1.13-1.16 a page, 1.42 x on 2026-12-06 (1.9-2.3 x before): slow start from the burst, as with the 503",
+	"nginx limit_req 10r/s 429 w30/retryhttp":                       "every page, 1.23-1.38 a page, 1.41 x on 2026-12-06 (1.8-2.0 x before): slow start from the burst, as with 10 workers",
 	"nginx limit_req 20r/s burst=10 nodelay 503 w10/retryhttp":      "197-200 pages, 1.20-1.27 a page, 1.17-1.45 x: the pace learned (17.7-29.5/s) misses the 20/s; a 503 past the budget is handed back",
 	"nginx limit_req 20r/s burst=10 nodelay 503 w30/retryhttp":      "198-200 pages, 1.21-1.32 a page, 1.34-1.37 x: the pace learned swings from 20.7 to 30.5/s, over the 20/s, and is refused",
 	"nginx limit_req 20r/s burst=10 nodelay 429 w30/retryhttp":      "199-200 pages, 1.20 a page, 1.29 x: a 429 past the budget handed back (pace 17.7-21.3/s)",
