@@ -49,7 +49,7 @@ type sample struct {
 	// included; 0 for an attempt sent before the record (untracked).
 	load             int
 	tracked, overlap bool // sent with a ticket of this record; sent while another was on its way
-	limits, down     bool // the host said it limits the rate; the host is down
+	limits           bool // the host said it limits the rate
 	fresh            bool // the record is a hold old or less
 	state            HostState
 	since            instant // when the record was made

@@ -18,9 +18,6 @@ func hostKey(u *url.URL) string {
 }
 
 func canonicalHost(scheme, h string) string {
-	if bareName(h) {
-		return h // what the steps below return for it, in one pass instead of four
-	}
 	name, port := splitHostPort(h)
 	if port == "" || (scheme == "https" && port == "443") || (scheme == "http" && port == "80") {
 		h, port = name, ""
@@ -47,24 +44,19 @@ func splitHostPort(h string) (name, port string) {
 	return h[:i], h[i+1:]
 }
 
-// bareName reports whether h is a name with no port that is canonical
-// already: no colon, lower-case ASCII, no trailing dot. Most hosts are.
-func bareName(h string) bool {
-	_, ok := bareHash(h)
-	return ok
-}
-
-// bareHash is hostHash(h), made in the pass that tells a bare name
-// (bareName); ok is false for any other h, and the hash then unmade.
+// bareHash is hostHash(h), made in the pass that tells whether h is a bare
+// name, canonical already (no colon, lower-case ASCII, no trailing dot:
+// what canonicalHost returns as it is, and most hosts are); ok is false
+// for any other h, and the hash then unmade.
 func bareHash(h string) (sum uint32, ok bool) {
-	sum = 2166136261
+	sum = fnvOffset
 	for i := 0; i < len(h); i++ {
 		c := h[i]
 		if c >= 0x80 || ('A' <= c && c <= 'Z') || c == ':' {
 			return 0, false
 		}
 		sum ^= uint32(c)
-		sum *= 16777619
+		sum *= fnvPrime
 	}
 	return sum, len(h) == 0 || h[len(h)-1] != '.'
 }

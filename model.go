@@ -274,7 +274,7 @@ func (m *hostModel) answer(sig *Signal, now instant, ev *changes) {
 	sentAt := now.Add(-sig.Latency)
 	s := sample{sig: sig, ev: ev, at: now, sent: sentAt, out: o, load: load, tracked: tracked,
 		overlap: load > 1 || (!tracked && (sentAt.Before(m.answered) || sentAt.Equal(m.answeredSent))),
-		limits:  sig.limits(), down: m.state == HostDown, fresh: m.fresh(now), state: m.state,
+		limits:  sig.limits(), fresh: m.fresh(now), state: m.state,
 		inflight: m.inflight, nextSeq: m.seq + 1, rate: m.ctl.rate, bound: now.Sub(m.ctl.busyAt) < holdTime,
 		since: m.since}
 	if sig.Limit > 0 {

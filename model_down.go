@@ -62,7 +62,7 @@ func (f *failures) observe(s *sample) {
 			return
 		}
 		f.failure(s)
-		if !s.down {
+		if s.state != HostDown {
 			f.tally(true)
 		}
 	}

@@ -22,6 +22,8 @@ type loads struct {
 	held      bool       // it served an attempt of ours while it refused others
 }
 
+// observe counts an accepted or refused answer of ours against the load
+// it was sent with, and keeps what an accepted one says of the host.
 func (l *loads) observe(s *sample) {
 	if s.tracked && (s.out == refused || s.out == accepted) {
 		l.countAboveOK(s.load, s.out == refused, s.at)

@@ -265,7 +265,7 @@ func (l *localLimiter) reserve(a *Attempt, h uint32, hint *hostState, res *Reser
 // by the record a failure made, and its run of failures, broken by their
 // successes, went on: a round robin with one member of three answering 502
 // was taken for down, and 30 workers behind WithPace had 150 of 200 pages
-// handed back with ErrHostDown (TestConfiguredPaceRoundRobinNotDown).
+// handed back with ErrHostDown (TestConfiguredPaceBrokenReplicaNotDown).
 func (l *localLimiter) ticketAfterWait(host string, h uint32, now time.Time) (uint64, bool, *hostState) {
 	if l.learning.Load() == 0 || !l.mayHold(h) {
 		return 0, false, nil

@@ -103,12 +103,19 @@ type hostState struct {
 // one hash). Counted under each shard's lock, read without one.
 type hostFilter [filterCells]atomic.Int32
 
+// FNV-1a's 32-bit offset basis and prime, for hostHash and bareHash, which
+// must agree.
+const (
+	fnvOffset = 2166136261
+	fnvPrime  = 16777619
+)
+
 // hostHash is FNV-1a, inlined so that hashing a host allocates nothing.
 func hostHash(host string) uint32 {
-	h := uint32(2166136261)
+	h := uint32(fnvOffset)
 	for i := 0; i < len(host); i++ {
 		h ^= uint32(host[i])
-		h *= 16777619
+		h *= fnvPrime
 	}
 	return h
 }
