@@ -140,7 +140,7 @@ func TestProxies(t *testing.T) {
 			t.Errorf("%s/%s: the proxy's error log: %s", r.cell.name, r.client, r.proxyErrors)
 		case r.backend > int64(r.log.requests+logSlack(r.cell.proxy)):
 			t.Errorf("%s/%s: the backends got %d requests, the proxy logged %d", r.cell.name, r.client, r.backend, r.log.requests)
-		case r.log.requests < r.got:
+		case r.log.requests+logSlack(r.cell.proxy) < r.got:
 			t.Errorf("%s/%s: %d pages got, the proxy logged %d requests", r.cell.name, r.client, r.got, r.log.requests)
 		}
 	}
@@ -168,10 +168,12 @@ func TestProxies(t *testing.T) {
 }
 
 // logSlack is how many request lines the proxy may miss of what the
-// backends got: none for nginx; two for HAProxy, which once in seven runs
-// of the suite logged 599 of the 600 requests its backends served (two
-// peers' runs of the maxconn queue cell, 40 runs at once on two cores),
-// none of them retryhttp's: a harness's count, not a library's.
+// backends got, and of the pages a client got: none for nginx; two for
+// HAProxy, which once in seven runs of the suite logged 599 of the 600
+// requests its backends served (two peers' runs of the maxconn queue cell,
+// 40 runs at once on two cores), none of them retryhttp's: a harness's
+// count, not a library's. A clean-clone CI run met the same missed line
+// as 600 pages got against 599 logged (retryablehttp, the same cell).
 func logSlack(proxy string) int {
 	if proxy == "haproxy" {
 		return 2
