@@ -251,7 +251,7 @@ func (l *localLimiter) reserve(a *Attempt, h uint32, hint *hostState, res *Reser
 	}
 	m := l.modelAt(st, now)
 	if m == nil {
-		s.reserve(l, st, a, a.Pace, 0, res)
+		s.reserve(l, st, a, now, a.Pace, 0, res)
 		return nil
 	}
 	return s.reserveModelled(l, st, m, a, now, res)
@@ -303,7 +303,7 @@ func (s *shard) reserveModelled(l *localLimiter, st *hostState, m *hostModel, a 
 	if a.Waited != nil {
 		if t := m.collect(a.Waited); t != 0 {
 			// The slot kept for it; the configured pace still applies.
-			s.reserve(l, st, a, a.Pace, 0, res)
+			s.reserve(l, st, a, now, a.Pace, 0, res)
 			if !res.OK {
 				m.release(t)
 				m.wake(now)
@@ -349,7 +349,7 @@ func (s *shard) reserveModelled(l *localLimiter, st *hostState, m *hostModel, a 
 		}
 	}
 	m.syncQuota(st, pace, a.Now)
-	s.reserve(l, st, a, pace, horizonFor(pace, a.Pace), res)
+	s.reserve(l, st, a, now, pace, horizonFor(pace, a.Pace), res)
 	if res.Delay > 0 && pace != a.Pace {
 		m.ctl.busyAt = now // a request waits for the learned pace: it binds
 	}
@@ -372,8 +372,9 @@ func horizonFor(pace, configured Pace) time.Duration {
 
 // reserve takes the host's next slot at pace, as Reserve answers it, into
 // res (written in place: a Reservation is a dozen words to copy). The
-// caller holds the shard's lock.
-func (s *shard) reserve(l *localLimiter, st *hostState, a *Attempt, pace Pace, horizon time.Duration, res *Reservation) {
+// caller holds the shard's lock; now is a.Now as an instant of the
+// limiter's epoch, which the caller has made.
+func (s *shard) reserve(l *localLimiter, st *hostState, a *Attempt, now instant, pace Pace, horizon time.Duration, res *Reservation) {
 	if pace.Unlimited() {
 		*res = Reservation{OK: true}
 		return
@@ -382,7 +383,7 @@ func (s *shard) reserve(l *localLimiter, st *hostState, a *Attempt, pace Pace, h
 	if !a.Latest.IsZero() {
 		latest = max(l.at(a.Latest), 1) // a deadline before the epoch's ten years is still one
 	}
-	delay, ok := st.take(l.at(a.Now), pace, latest, horizon)
+	delay, ok := st.take(now, pace, latest, horizon)
 	if !ok {
 		if horizon > 0 && delay > horizon && (a.Latest.IsZero() || !a.Now.Add(delay).After(a.Latest)) {
 			*res = Reservation{AskAgain: a.Now.Add(delay - horizon)}
