@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -249,8 +250,9 @@ func TestSpacingTellsRateFromChance(t *testing.T) {
 // chance within a minute. (Not its ideal yet: the checks read a few
 // answers a second.)
 func TestCutCheckedWhileBelowIt(t *testing.T) {
-	var slow []time.Duration
-	for seed := range uint64(6) {
+	const runs = 12
+	var times []time.Duration
+	for seed := range uint64(runs) {
 		synctest.Test(t, func(t *testing.T) {
 			host := &bucketReplicaHost{rate: 10, burst: 5, fail: 0.2, failWith: http.StatusServiceUnavailable,
 				refuse: http.StatusServiceUnavailable, rnd: rand.New(rand.NewPCG(3, 20+seed))}
@@ -259,15 +261,24 @@ func TestCutCheckedWhileBelowIt(t *testing.T) {
 			tr := New(WithBase(net.tr))
 			out := runPages(t, tr, "http://bucket.test", 30, 300)
 			t.Logf("seed %d: %+v, %d requests", seed, out, host.requests)
-			if out.done > 100*time.Second {
-				slow = append(slow, out.done)
-			}
+			times = append(times, out.done)
 		})
 	}
-	// Within 100 s in 5 of 6 (44-85 s in most runs, 116 s once in 18);
-	// 135-240 s before.
-	if len(slow) > 1 || (len(slow) == 1 && slow[0] > 150*time.Second) {
-		t.Errorf("300 pages took %v in %d of 6 runs; want one at most, and within 150 s", slow, len(slow))
+	// 44-85 s in most runs; over 100 s in about one run in 15, and up to
+	// 226 s, under -race as without (300 runs, 2026-12-07: about one test
+	// in eight under -race had two over 100 s, or one over 150 s, which
+	// the bound of one slow run in six did not allow). Before the fix, 4
+	// or 5 of these 12 over 100 s in every run (up to 4 min 20 s; median
+	// 53-71 s): the median and a quarter tell the two apart.
+	slices.Sort(times)
+	slow := 0
+	for _, d := range times {
+		if d > 100*time.Second {
+			slow++
+		}
+	}
+	if median := times[runs/2]; median > 85*time.Second || slow > runs/4 {
+		t.Errorf("300 pages took %v (median %v, %d over 100 s); want a median within 85 s, a quarter over 100 s at most", times, median, slow)
 	}
 }
 
