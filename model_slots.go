@@ -114,9 +114,17 @@ func (m *hostModel) holdForAnswer(now instant) {
 // within a network's jitter, which is well under this.
 const slotsGap = 50 * time.Millisecond
 
+// loneSlotsGap is slotsGap after a lone refusal, which says little of
+// slots: callers in step with a host, whose one refusal was told after the
+// other answers of its round, have the next round's answers come as long
+// after it as the host takes to answer (tookSlot). Four times slotsGap
+// tells a host answering within 200 ms from slots (a slower one in step
+// may still be taken for them), and still finds slots busy that long.
+const loneSlotsGap = 4 * slotsGap
+
 // tookSlot is the host's first accepted answer during a hold for an
 // answer: one sent before the record, accepted slotsGap or more after the
-// refusals (four times that after a lone refusal), makes the hold the
+// refusals (loneSlotsGap after a lone refusal), makes the hold the
 // host's limit in flight; any other ends it. A lone refusal says little of
 // slots: callers in step with a host answering in 50 ms, whose one 429 was
 // told after the 200s of its round, had the next round's 200s, 50 ms
@@ -130,7 +138,7 @@ func (m *hostModel) tookSlot(ev *changes, now instant, tracked bool) {
 	c := &m.ctl
 	gap := slotsGap
 	if m.refusals.lastSecond(now) < 2 {
-		gap *= 4
+		gap = loneSlotsGap
 	}
 	if tracked || now.Sub(c.heldAt) < gap {
 		m.letGoNow(now)
