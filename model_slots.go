@@ -125,15 +125,12 @@ const loneSlotsGap = 4 * slotsGap
 // tookSlot is the host's first accepted answer during a hold for an
 // answer: one sent before the record, accepted slotsGap or more after the
 // refusals (loneSlotsGap after a lone refusal), makes the hold the
-// host's limit in flight; any other ends it. A lone refusal says little of
-// slots: callers in step with a host answering in 50 ms, whose one 429 was
-// told after the 200s of its round, had the next round's 200s, 50 ms
-// later, taken for slots (sent undated, before the record, they look sent
-// with the refusal), and a nested Transport held 20 callers to 9-15 in
-// flight (TestNestedInnerNotCutByOne429 failed one run in four under
-// -race). Refused alone, the attempts on their way must take four times
-// as long: slots that busy are still told (the simulator's limits in
-// flight miss about 6 % more draws than with slotsGap alone).
+// host's limit in flight; any other ends it. Attempts sent undated on the
+// calm path before the record look sent with the refusal, so a nested
+// Transport whose 20 callers were in step with a 50 ms host took the next
+// round's 200s for slots and held them to 9-15 in flight
+// (TestNestedInnerNotCutByOne429 failed one run in four under -race); the
+// longer gap costs the simulator's limits in flight about 6 % more draws.
 func (m *hostModel) tookSlot(ev *changes, now instant, tracked bool) {
 	c := &m.ctl
 	gap := slotsGap
